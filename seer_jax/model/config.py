@@ -1,0 +1,185 @@
+"""Static model configuration for the Llama family (Llama 2/3, Qwen2, Qwen3, SmolLM2)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import pathlib
+from typing import Any
+
+from seer_jax.errors import ConfigError, SeerError
+
+# architecture name -> (q/k/v bias, q/k RMSNorm)
+ARCHITECTURES: dict[str, tuple[bool, bool]] = {
+    "LlamaForCausalLM": (False, False),
+    "MistralForCausalLM": (False, False),
+    "Qwen2ForCausalLM": (True, False),
+    "Qwen3ForCausalLM": (False, True),
+}
+_MODEL_TYPES = {
+    "llama": "LlamaForCausalLM",
+    "mistral": "MistralForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+}
+DTYPES = ("float32", "bfloat16")
+
+
+@dataclasses.dataclass(frozen=True)
+class RopeScaling:
+    """Llama-3 style frequency-dependent RoPE scaling (`rope_type: llama3`)."""
+
+    factor: float
+    low_freq_factor: float
+    high_freq_factor: float
+    original_max_position_embeddings: int
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    architecture: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rope_theta: float = 10000.0
+    rope_scaling: RopeScaling | None = None
+    rms_norm_eps: float = 1e-6
+    tie_word_embeddings: bool = False
+    qkv_bias: bool = False
+    qk_norm: bool = False
+    max_position_embeddings: int = 2048
+    bos_token_id: int | None = None
+    eos_token_ids: tuple[int, ...] = ()
+    dtype: str = "float32"
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        if self.architecture not in ARCHITECTURES:
+            raise ConfigError(
+                f"architecture {self.architecture!r} is not supported; supported: {sorted(ARCHITECTURES)}"
+            )
+        for key in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
+                    "num_kv_heads", "head_dim", "max_position_embeddings"):
+            value = getattr(self, key)
+            if not isinstance(value, int) or value < 1:
+                raise ConfigError(f"model config {key}={value!r}: must be a positive integer")
+        if self.num_heads % self.num_kv_heads:
+            raise ConfigError(
+                f"model config num_heads={self.num_heads} is not a multiple of "
+                f"num_kv_heads={self.num_kv_heads}"
+            )
+        if self.dtype not in DTYPES:
+            raise ConfigError(f"model config dtype={self.dtype!r}: allowed {DTYPES}")
+        if self.rope_theta <= 0:
+            raise ConfigError(f"model config rope_theta={self.rope_theta}: must be > 0")
+
+    @property
+    def q_size(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
+    def kv_size(self) -> int:
+        return self.num_kv_heads * self.head_dim
+
+    def with_dtype(self, dtype: str) -> ModelConfig:
+        return dataclasses.replace(self, dtype=dtype)
+
+    def kv_bytes_per_token(self) -> int:
+        itemsize = 4 if self.dtype == "float32" else 2
+        return 2 * self.num_layers * self.kv_size * itemsize
+
+    def num_params(self) -> int:
+        d, f, L = self.hidden_size, self.intermediate_size, self.num_layers
+        per_layer = d * (self.q_size + 2 * self.kv_size) + self.q_size * d + 3 * d * f + 2 * d
+        head = 0 if self.tie_word_embeddings else d * self.vocab_size
+        return self.vocab_size * d + L * per_layer + d + head
+
+    # ------------------------------------------------------------------ constructors
+    @classmethod
+    def from_hf_dict(cls, hf: dict[str, Any], dtype: str = "float32") -> ModelConfig:
+        """Build from a HF `config.json` dict (transformers 4.x `rope_scaling` or 5.x `rope_parameters`)."""
+        archs = hf.get("architectures") or []
+        arch = archs[0] if archs else _MODEL_TYPES.get(hf.get("model_type", ""), None)
+        if arch is None:
+            raise ConfigError(
+                f"config.json names no architecture (architectures={archs!r}, "
+                f"model_type={hf.get('model_type')!r}); supported: {sorted(ARCHITECTURES)}"
+            )
+        if arch not in ARCHITECTURES:
+            raise ConfigError(
+                f"config.json architecture {arch!r} is not supported; supported: {sorted(ARCHITECTURES)}"
+            )
+        if hf.get("hidden_act", "silu") not in ("silu", "swish"):
+            raise ConfigError(f"config.json hidden_act={hf.get('hidden_act')!r}: only silu is supported")
+        qkv_bias, qk_norm = ARCHITECTURES[arch]
+        if arch != "Qwen2ForCausalLM" and hf.get("attention_bias"):
+            qkv_bias = True
+        if hf.get("mlp_bias"):
+            raise ConfigError("config.json mlp_bias=True is not supported")
+        rope = dict(hf.get("rope_parameters") or {})
+        legacy = hf.get("rope_scaling") or {}
+        rope_theta = float(rope.get("rope_theta", hf.get("rope_theta", 10000.0)))
+        scaling_src = rope if rope.get("rope_type", "default") != "default" else legacy
+        rope_type = scaling_src.get("rope_type", scaling_src.get("type", "default")) if scaling_src else "default"
+        scaling = None
+        if rope_type == "llama3":
+            scaling = RopeScaling(
+                factor=float(scaling_src["factor"]),
+                low_freq_factor=float(scaling_src["low_freq_factor"]),
+                high_freq_factor=float(scaling_src["high_freq_factor"]),
+                original_max_position_embeddings=int(scaling_src["original_max_position_embeddings"]),
+            )
+        elif rope_type not in ("default", None):
+            raise ConfigError(f"config.json rope type {rope_type!r}: only 'default' and 'llama3' are supported")
+        num_heads = int(hf["num_attention_heads"])
+        head_dim = hf.get("head_dim") or int(hf["hidden_size"]) // num_heads
+        eos = hf.get("eos_token_id")
+        eos_ids = tuple(eos) if isinstance(eos, (list, tuple)) else (() if eos is None else (int(eos),))
+        return cls(
+            architecture=arch,
+            vocab_size=int(hf["vocab_size"]),
+            hidden_size=int(hf["hidden_size"]),
+            intermediate_size=int(hf["intermediate_size"]),
+            num_layers=int(hf["num_hidden_layers"]),
+            num_heads=num_heads,
+            num_kv_heads=int(hf.get("num_key_value_heads") or num_heads),
+            head_dim=int(head_dim),
+            rope_theta=rope_theta,
+            rope_scaling=scaling,
+            rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
+            tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
+            qkv_bias=qkv_bias,
+            qk_norm=qk_norm,
+            max_position_embeddings=int(hf.get("max_position_embeddings", 2048)),
+            bos_token_id=hf.get("bos_token_id"),
+            eos_token_ids=eos_ids,
+            dtype=dtype,
+        )
+
+    @classmethod
+    def from_hf_dir(cls, path: str | pathlib.Path, dtype: str = "float32") -> ModelConfig:
+        cfg_path = pathlib.Path(path) / "config.json"
+        if not cfg_path.is_file():
+            raise SeerError(f"no config.json in {path}")
+        try:
+            hf = json.loads(cfg_path.read_text())
+        except json.JSONDecodeError as e:
+            raise SeerError(f"{cfg_path} is not valid JSON: {e}") from e
+        return cls.from_hf_dict(hf, dtype=dtype)
+
+
+def tiny_config(**overrides: Any) -> ModelConfig:
+    """A small random-init config for unit tests."""
+    base = dict(
+        architecture="LlamaForCausalLM", vocab_size=256, hidden_size=64, intermediate_size=128,
+        num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16, rope_theta=10000.0,
+        rms_norm_eps=1e-5, max_position_embeddings=1024, eos_token_ids=(2,),
+    )
+    base.update(overrides)
+    return ModelConfig(**base)

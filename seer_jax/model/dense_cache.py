@@ -1,0 +1,40 @@
+"""Dense KV cache attention backend: the simple, obviously-right path used by the reference
+generator and by full-sequence forward passes.
+
+Cache: (k, v) each [num_layers, B, S, num_kv_heads, head_dim]. Tokens are laid out [B, T]
+flattened; `attn_meta` is the positions array [B, T]. A query at position p attends to the
+cache positions 0..p of its own row (causal; rows are right-padded, padding never attended).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from seer_jax.model.config import ModelConfig
+from seer_jax.model.llama import jnp_dtype
+
+
+def init_dense_cache(cfg: ModelConfig, batch: int, seq_len: int) -> tuple[jax.Array, jax.Array]:
+    shape = (cfg.num_layers, batch, seq_len, cfg.num_kv_heads, cfg.head_dim)
+    return jnp.zeros(shape, jnp_dtype(cfg)), jnp.zeros(shape, jnp_dtype(cfg))
+
+
+def dense_attention(cache, positions_bt, layer, q_nhd, k_nkd, v_nkd):
+    k_cache, v_cache = cache
+    B, T = positions_bt.shape
+    _, _, S, K, D = k_cache.shape
+    H = q_nhd.shape[1]
+    G = H // K
+    rows = jnp.arange(B)[:, None]
+    k_cache = k_cache.at[layer, rows, positions_bt].set(k_nkd.reshape(B, T, K, D).astype(k_cache.dtype))
+    v_cache = v_cache.at[layer, rows, positions_bt].set(v_nkd.reshape(B, T, K, D).astype(v_cache.dtype))
+    keys = k_cache[layer].astype(jnp.float32)  # [B, S, K, D]
+    values = v_cache[layer].astype(jnp.float32)
+    q = q_nhd.reshape(B, T, K, G, D).astype(jnp.float32)
+    scores = jnp.einsum("btkgd,bskd->bkgts", q, keys) / jnp.sqrt(jnp.float32(D))
+    mask = jnp.arange(S)[None, None, :] <= positions_bt[:, :, None]  # [B, T, S]
+    scores = jnp.where(mask[:, None, None], scores, -jnp.inf)
+    probs = jax.nn.softmax(scores, axis=-1)
+    out = jnp.einsum("bkgts,bskd->btkgd", probs, values)
+    return out.reshape(B * T, H, D).astype(q_nhd.dtype), (k_cache, v_cache)

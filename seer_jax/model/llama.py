@@ -1,0 +1,231 @@
+"""Llama-family decoder (Llama 2/3, Qwen2, Qwen3, SmolLM2) in Flax NNX.
+
+The NNX module `Llama` owns the parameters (layer weights stacked on a leading `layers` axis so
+the forward pass is one `lax.scan`, which keeps compile time flat in depth). The math lives in the
+pure function `forward(params, cfg, tokens, positions, cache, attn_meta, attention)`, which takes
+the parameters as a plain nested dict and a pluggable attention backend, so the same decoder runs
+the dense reference generator (`seer_jax.model.dense_cache`) and the paged engine.
+
+Token layout: a flat list of N tokens (`tokens_n`, `positions_n`). An attention backend is a
+static callable `attention(cache, attn_meta, layer, q_nhd, k_nkd, v_nkd) -> (out_nhd, cache)` that
+stores the new K/V in its cache and attends.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from seer_jax.model.config import ModelConfig
+
+Params = dict[str, Any]
+AttentionFn = Callable[..., tuple[jax.Array, Any]]
+
+# Logical axes of every parameter (leading "layers" on stacked layer weights).
+LOGICAL_AXES: dict[str, tuple[str | None, ...]] = {
+    "embed": ("vocab", "embed"),
+    "lm_head": ("embed", "vocab"),
+    "final_norm": ("norm",),
+    "layers/attn_norm": ("layers", "norm"),
+    "layers/mlp_norm": ("layers", "norm"),
+    "layers/wq": ("layers", "embed", "q_heads"),
+    "layers/wk": ("layers", "embed", "kv_heads"),
+    "layers/wv": ("layers", "embed", "kv_heads"),
+    "layers/bq": ("layers", "q_heads"),
+    "layers/bk": ("layers", "kv_heads"),
+    "layers/bv": ("layers", "kv_heads"),
+    "layers/q_norm": ("layers", "head_dim"),
+    "layers/k_norm": ("layers", "head_dim"),
+    "layers/wo": ("layers", "q_heads", "embed"),
+    "layers/w_gate": ("layers", "embed", "mlp"),
+    "layers/w_up": ("layers", "embed", "mlp"),
+    "layers/w_down": ("layers", "mlp", "embed"),
+}
+
+
+def param_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Expected shape of every parameter, keyed like LOGICAL_AXES."""
+    L, d, f, D = cfg.num_layers, cfg.hidden_size, cfg.intermediate_size, cfg.head_dim
+    shapes = {
+        "embed": (cfg.vocab_size, d),
+        "final_norm": (d,),
+        "layers/attn_norm": (L, d),
+        "layers/mlp_norm": (L, d),
+        "layers/wq": (L, d, cfg.q_size),
+        "layers/wk": (L, d, cfg.kv_size),
+        "layers/wv": (L, d, cfg.kv_size),
+        "layers/wo": (L, cfg.q_size, d),
+        "layers/w_gate": (L, d, f),
+        "layers/w_up": (L, d, f),
+        "layers/w_down": (L, f, d),
+    }
+    if not cfg.tie_word_embeddings:
+        shapes["lm_head"] = (d, cfg.vocab_size)
+    if cfg.qkv_bias:
+        shapes.update({"layers/bq": (L, cfg.q_size), "layers/bk": (L, cfg.kv_size),
+                       "layers/bv": (L, cfg.kv_size)})
+    if cfg.qk_norm:
+        shapes.update({"layers/q_norm": (L, D), "layers/k_norm": (L, D)})
+    return shapes
+
+
+def jnp_dtype(cfg: ModelConfig) -> jnp.dtype:
+    return jnp.bfloat16 if cfg.dtype == "bfloat16" else jnp.float32
+
+
+class Llama(nnx.Module):
+    """Parameter container. `params()` gives the nested dict the pure functions take."""
+
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        self.cfg = cfg
+        dtype = jnp_dtype(cfg)
+        weights: dict[str, dict[str, nnx.Param] | nnx.Param] = {}
+        layers: dict[str, nnx.Param] = {}
+        for name, shape in param_shapes(cfg).items():
+            if name.endswith("norm"):
+                value = jnp.ones(shape, dtype)
+            elif name.split("/")[-1].startswith("b"):
+                value = 0.02 * jax.random.normal(rngs.params(), shape, jnp.float32)
+            else:
+                fan_in = shape[-2] if len(shape) >= 2 and name != "embed" else 1
+                scale = 0.02 if name == "embed" else 1.0 / math.sqrt(fan_in)
+                value = scale * jax.random.normal(rngs.params(), shape, jnp.float32)
+            param = nnx.Param(value.astype(dtype))
+            if name.startswith("layers/"):
+                layers[name.split("/", 1)[1]] = param
+            else:
+                weights[name] = param
+        self.layers = nnx.Dict(layers)
+        for name, param in weights.items():
+            setattr(self, name, param)
+
+    def params(self) -> Params:
+        return nnx.to_pure_dict(nnx.state(self, nnx.Param))
+
+    def set_params(self, params: Params) -> None:
+        state = nnx.state(self, nnx.Param)
+        nnx.replace_by_pure_dict(state, params)
+        nnx.update(self, state)
+
+
+def init_params(cfg: ModelConfig, seed: int = 0) -> Params:
+    return Llama(cfg, rngs=nnx.Rngs(params=seed)).params()
+
+
+def flat_params(params: Params) -> dict[str, jax.Array]:
+    """{"layers/wq": ..., "embed": ...} view of a params dict."""
+    out = {}
+    for k, v in params.items():
+        if isinstance(v, dict):
+            for k2, v2 in v.items():
+                out[f"{k}/{k2}"] = v2
+        else:
+            out[k] = v
+    return out
+
+
+def nest_params(flat: dict[str, Any]) -> Params:
+    out: Params = {}
+    for k, v in flat.items():
+        if "/" in k:
+            a, b = k.split("/", 1)
+            out.setdefault(a, {})[b] = v
+        else:
+            out[k] = v
+    return out
+
+
+# ---------------------------------------------------------------------------- math
+
+
+def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
+    xf = x.astype(jnp.float32)
+    y = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + eps)
+    return (y * weight.astype(jnp.float32)).astype(x.dtype)
+
+
+def rope_inv_freq(cfg: ModelConfig) -> jax.Array:
+    D = cfg.head_dim
+    inv_freq = 1.0 / (cfg.rope_theta ** (jnp.arange(0, D, 2, dtype=jnp.float32) / D))
+    s = cfg.rope_scaling
+    if s is None:
+        return inv_freq
+    low_wavelen = s.original_max_position_embeddings / s.low_freq_factor
+    high_wavelen = s.original_max_position_embeddings / s.high_freq_factor
+    wavelen = 2 * math.pi / inv_freq
+    scaled = jnp.where(wavelen > low_wavelen, inv_freq / s.factor, inv_freq)
+    smooth = (s.original_max_position_embeddings / wavelen - s.low_freq_factor) / (
+        s.high_freq_factor - s.low_freq_factor
+    )
+    smoothed = (1 - smooth) * scaled / s.factor + smooth * scaled
+    is_medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+    return jnp.where(is_medium, smoothed, scaled)
+
+
+def rope_cos_sin(positions_n: jax.Array, cfg: ModelConfig) -> tuple[jax.Array, jax.Array]:
+    """cos/sin tables [N, head_dim] in the HF `rotate_half` convention."""
+    freqs = positions_n.astype(jnp.float32)[:, None] * rope_inv_freq(cfg)[None, :]
+    emb = jnp.concatenate([freqs, freqs], axis=-1)
+    return jnp.cos(emb), jnp.sin(emb)
+
+
+def apply_rope(x_nhd: jax.Array, cos_nd: jax.Array, sin_nd: jax.Array) -> jax.Array:
+    x = x_nhd.astype(jnp.float32)
+    half = x.shape[-1] // 2
+    rotated = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+    y = x * cos_nd[:, None, :] + rotated * sin_nd[:, None, :]
+    return y.astype(x_nhd.dtype)
+
+
+def forward(
+    params: Params,
+    cfg: ModelConfig,
+    tokens_n: jax.Array,
+    positions_n: jax.Array,
+    cache: Any,
+    attn_meta: Any,
+    attention: AttentionFn,
+    logits_index: jax.Array | None = None,
+) -> tuple[jax.Array, Any]:
+    """One forward pass over N flat tokens.
+
+    Returns (logits [N or len(logits_index), vocab] float32, updated cache).
+    """
+    dtype = jnp_dtype(cfg)
+    N = tokens_n.shape[0]
+    H, K, D = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+    x = params["embed"][tokens_n].astype(dtype)
+    cos, sin = rope_cos_sin(positions_n, cfg)
+
+    def layer(carry, inputs):
+        x, cache = carry
+        lp, i = inputs
+        h = rms_norm(x, lp["attn_norm"], cfg.rms_norm_eps)
+        q = h @ lp["wq"]
+        k = h @ lp["wk"]
+        v = h @ lp["wv"]
+        if cfg.qkv_bias:
+            q, k, v = q + lp["bq"], k + lp["bk"], v + lp["bv"]
+        q, k, v = q.reshape(N, H, D), k.reshape(N, K, D), v.reshape(N, K, D)
+        if cfg.qk_norm:
+            q = rms_norm(q, lp["q_norm"], cfg.rms_norm_eps)
+            k = rms_norm(k, lp["k_norm"], cfg.rms_norm_eps)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        attn, cache = attention(cache, attn_meta, i, q, k, v)
+        x = x + attn.reshape(N, H * D).astype(dtype) @ lp["wo"]
+        h = rms_norm(x, lp["mlp_norm"], cfg.rms_norm_eps)
+        x = x + (jax.nn.silu(h @ lp["w_gate"]) * (h @ lp["w_up"])) @ lp["w_down"]
+        return (x, cache), None
+
+    (x, cache), _ = jax.lax.scan(layer, (x, cache), (params["layers"], jnp.arange(cfg.num_layers)))
+    if logits_index is not None:
+        x = x[logits_index]
+    x = rms_norm(x, params["final_norm"], cfg.rms_norm_eps)
+    head = params["embed"].T if cfg.tie_word_embeddings else params["lm_head"]
+    logits = jnp.dot(x, head.astype(dtype), preferred_element_type=jnp.float32)
+    return logits, cache

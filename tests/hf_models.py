@@ -1,0 +1,37 @@
+"""Tiny random HF checkpoints written by transformers (an independent reference)."""
+
+from __future__ import annotations
+
+import pathlib
+
+TINY = dict(vocab_size=160, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+            rms_norm_eps=1e-5)
+
+
+def make_hf_model(kind: str, out_dir: pathlib.Path, seed: int = 0):
+    """Save a tiny random model of `kind` (llama3, qwen2, qwen3, llama_tied) and return the torch model."""
+    import torch
+    import transformers as tf
+
+    torch.manual_seed(seed)
+    if kind == "llama3":
+        cfg = tf.LlamaConfig(**TINY, rope_theta=50000.0, rope_scaling={
+            "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 32})
+        model = tf.LlamaForCausalLM(cfg)
+    elif kind == "llama_tied":
+        model = tf.LlamaForCausalLM(tf.LlamaConfig(**TINY, tie_word_embeddings=True))
+    elif kind == "qwen2":
+        model = tf.Qwen2ForCausalLM(tf.Qwen2Config(**TINY, rope_theta=1e6))
+    elif kind == "qwen3":
+        model = tf.Qwen3ForCausalLM(tf.Qwen3Config(**TINY, head_dim=32, rope_theta=1e6))
+    else:
+        raise ValueError(kind)
+    with torch.no_grad():  # random init leaves norms at 1 and biases at 0: perturb them
+        for name, p in model.named_parameters():
+            if "norm" in name or "bias" in name:
+                p.add_(0.1 * torch.randn_like(p))
+    model.eval()
+    model.save_pretrained(out_dir, safe_serialization=True)
+    return model
