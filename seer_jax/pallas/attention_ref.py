@@ -1,0 +1,101 @@
+"""Pure-jnp ragged paged attention (the reference every kernel is tested against).
+
+Sequence-major: each sequence's pages are gathered once through its page-table row
+([num_kv_heads, max_seqs, pages_per_seq * page_size, head_dim]), its queries are gathered into
+[max_seqs, max_q_len] slots, and a masked dense softmax runs per sequence. The cost is
+max_seqs * max_q_len * pages_per_seq * page_size, so pass `max_q_len` (static) when the batch is
+known to be decode/verify only; the default (num_tokens) is always correct.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from seer_jax.pallas.tree import TokenForest, token_seq_ids
+
+
+def ragged_paged_attention_reference(
+    q: jax.Array,  # [num_tokens, num_q_heads, head_dim]
+    k_pages: jax.Array,  # [num_kv_heads, total_pages, page_size, head_dim]
+    v_pages: jax.Array,  # [num_kv_heads, total_pages, page_size, head_dim]
+    kv_lens: jax.Array,  # [max_seqs] int32, includes the new tokens
+    page_indices: jax.Array,  # [max_seqs, pages_per_seq] int32
+    cu_q_lens: jax.Array,  # [max_seqs + 1] int32
+    num_seqs: jax.Array,  # [] int32
+    *,
+    sm_scale: float | None = None,
+    tree_parents: jax.Array | None = None,  # [num_tokens] int32, see seer_jax.pallas.tree
+    max_q_len: int | None = None,
+) -> jax.Array:
+    """Attention of packed ragged queries over paged K/V -> [num_tokens, num_q_heads, head_dim].
+
+    Tokens beyond cu_q_lens[num_seqs] get zeros. A sequence whose kv_len exceeds its page-table
+    capacity (or is below its q_len) gets NaN rows, so a bad batch can never pass silently.
+    """
+    num_tokens, num_q_heads, head_dim = q.shape
+    num_kv_heads, _, page_size, _ = k_pages.shape
+    max_seqs, pages_per_seq = page_indices.shape
+    group = num_q_heads // num_kv_heads
+    qm = num_tokens if max_q_len is None else max(1, min(int(max_q_len), num_tokens))
+    kv_cap = pages_per_seq * page_size
+    scale = head_dim**-0.5 if sm_scale is None else sm_scale
+    num_seqs = jnp.asarray(num_seqs, jnp.int32).reshape(())
+    cu = cu_q_lens.astype(jnp.int32)
+    kv_lens = kv_lens.astype(jnp.int32)
+
+    live = jnp.arange(max_seqs) < num_seqs  # [S]
+    q_lens = jnp.where(live, cu[1:] - cu[:-1], 0)  # [S]
+    ctx = kv_lens - q_lens  # [S] committed tokens before the queries
+    bad_seq = live & ((kv_lens > kv_cap) | (ctx < 0))
+
+    # Queries of each sequence into [S, qm] slots.
+    slot = jnp.arange(qm, dtype=jnp.int32)
+    tok = cu[:-1, None] + slot[None, :]  # [S, qm] packed token index
+    q_valid = slot[None, :] < q_lens[:, None]
+    q_s = jnp.take(q, jnp.clip(tok, 0, num_tokens - 1), axis=0)  # [S, qm, Hq, D]
+    q_s = q_s.reshape(max_seqs, qm, num_kv_heads, group, head_dim).astype(jnp.float32)
+
+    # K/V of each sequence through its page-table row.
+    pages = jnp.clip(page_indices, 0, k_pages.shape[1] - 1)
+    k_s = k_pages[:, pages].reshape(num_kv_heads, max_seqs, kv_cap, head_dim)
+    v_s = v_pages[:, pages].reshape(num_kv_heads, max_seqs, kv_cap, head_dim)
+    kpos = jnp.arange(kv_cap, dtype=jnp.int32)
+    k_valid = kpos[None, :] < kv_lens[:, None]  # [S, L]
+    # Zero what lies beyond kv_len: stale or NaN slots must not leak through 0 * NaN.
+    v_s = jnp.where(k_valid[None, :, :, None], v_s, 0).astype(jnp.float32)
+    k_s = k_s.astype(jnp.float32)
+
+    qpos = ctx[:, None] + slot[None, :]  # [S, qm]
+    mask = (kpos[None, None, :] <= qpos[:, :, None]) & k_valid[:, None, :] & q_valid[:, :, None]
+    if tree_parents is not None:
+        seq = token_seq_ids(cu, num_seqs, num_tokens)
+        forest = TokenForest(tree_parents, cu[jnp.maximum(seq, 0)])
+        # anc[s, i, j]: query j of sequence s is query i or one of its ancestors.
+        tok_c = jnp.clip(tok, 0, num_tokens - 1)
+        anc = forest.is_ancestor_or_self(tok_c[:, :, None], tok_c[:, None, :])
+        rel = kpos[None, :] - ctx[:, None]  # [S, L] key index among the queries
+        in_q = (rel >= 0) & (rel < qm)
+        anc_l = jnp.take_along_axis(
+            anc, jnp.broadcast_to(jnp.clip(rel, 0, qm - 1)[:, None, :], (max_seqs, qm, kv_cap)),
+            axis=2,
+        )
+        tree_ok = (rel[:, None, :] < 0) | (in_q[:, None, :] & anc_l)
+        mask = mask & tree_ok
+
+    s = jnp.einsum("sqkgd,ksld->skgql", q_s, k_s) * scale  # [S, Hkv, G, qm, L]
+    m4 = mask[:, None, None, :, :]
+    s = jnp.where(m4, s, -jnp.inf)
+    row_max = jnp.max(s, axis=-1, keepdims=True)
+    row_max = jnp.where(jnp.isfinite(row_max), row_max, 0.0)
+    p = jnp.where(m4, jnp.exp(s - row_max), 0.0)
+    denom = jnp.sum(p, axis=-1, keepdims=True)
+    p = p / jnp.where(denom > 0, denom, 1.0)
+    o = jnp.einsum("skgql,ksld->sqkgd", p, v_s)  # [S, qm, Hkv, G, D]
+    o = jnp.where(bad_seq[:, None, None, None, None], jnp.nan, o)
+    o = o.reshape(max_seqs, qm, num_q_heads, head_dim)
+
+    dest = jnp.where(q_valid, tok, num_tokens)  # padding slots scatter out of range (dropped)
+    out = jnp.zeros((num_tokens, num_q_heads, head_dim), jnp.float32)
+    out = out.at[dest.reshape(-1)].set(o.reshape(-1, num_q_heads, head_dim), mode="drop")
+    return out.astype(q.dtype)

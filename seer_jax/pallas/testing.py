@@ -1,0 +1,109 @@
+"""Test/benchmark helpers: build ragged paged batches and a naive dense attention (NumPy)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass
+class PagedBatch:
+    q: np.ndarray  # [num_tokens, Hq, D]
+    k_pages: np.ndarray  # [Hkv, total_pages, page_size, D]
+    v_pages: np.ndarray
+    kv_lens: np.ndarray  # [max_seqs] int32
+    page_indices: np.ndarray  # [max_seqs, pages_per_seq] int32
+    cu_q_lens: np.ndarray  # [max_seqs + 1] int32
+    num_seqs: np.ndarray  # [] int32
+    tree_parents: np.ndarray | None  # [num_tokens] int32
+
+    def args(self):
+        return (self.q, self.k_pages, self.v_pages, self.kv_lens, self.page_indices,
+                self.cu_q_lens, self.num_seqs)
+
+
+def make_batch(
+    seqs: list[tuple[int, int]],  # (q_len, kv_len) per live sequence
+    *,
+    num_q_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    page_size: int,
+    max_seqs: int | None = None,
+    pages_per_seq: int | None = None,
+    num_tokens: int | None = None,
+    extra_pages: int = 3,
+    dtype=np.float32,
+    trees: dict[int, list[int]] | None = None,  # seq index -> relative parents of its queries
+    seed: int = 0,
+) -> PagedBatch:
+    """Random batch; pages not used by any live sequence (and slots past kv_len) hold NaN,
+    page tables point at shuffled pages, padding table entries point at a NaN page."""
+    rng = np.random.default_rng(seed)
+    max_seqs = max_seqs or len(seqs)
+    need = [-(-kv // page_size) for _, kv in seqs]
+    pages_per_seq = pages_per_seq or max(need + [1])
+    used = sum(need)
+    total_pages = used + extra_pages
+    total_q = sum(ql for ql, _ in seqs)
+    num_tokens = num_tokens or total_q
+    k = np.full((num_kv_heads, total_pages, page_size, head_dim), np.nan, np.float32)
+    v = np.full_like(k, np.nan)
+    perm = rng.permutation(total_pages)
+    table = np.full((max_seqs, pages_per_seq), perm[-1], np.int32)  # a NaN page
+    kv_lens = np.zeros(max_seqs, np.int32)
+    cu = np.zeros(max_seqs + 1, np.int32)
+    parents = np.full(num_tokens, -1, np.int32)
+    nxt = 0
+    for s, (ql, kv) in enumerate(seqs):
+        pages = perm[nxt: nxt + need[s]]
+        nxt += need[s]
+        table[s, : need[s]] = pages
+        kv_lens[s] = kv
+        cu[s + 1] = cu[s] + ql
+        for i in range(kv):
+            page, off = pages[i // page_size], i % page_size
+            k[:, page, off] = rng.normal(size=(num_kv_heads, head_dim))
+            v[:, page, off] = rng.normal(size=(num_kv_heads, head_dim))
+        rel = list(range(-1, ql - 1)) if not trees or s not in trees else trees[s]
+        parents[cu[s]: cu[s + 1]] = rel
+    cu[len(seqs) + 1:] = cu[len(seqs)]
+    q = rng.normal(size=(num_tokens, num_q_heads, head_dim)).astype(np.float32)
+    return PagedBatch(
+        q.astype(dtype), k.astype(dtype), v.astype(dtype), kv_lens, table, cu,
+        np.int32(len(seqs)), parents if trees else None,
+    )
+
+
+def naive_attention(b: PagedBatch, sm_scale: float | None = None) -> np.ndarray:
+    """Dense attention per sequence over its gathered pages, float64, zeros for padding."""
+    num_tokens, hq, d = b.q.shape
+    hkv, _, page_size, _ = b.k_pages.shape
+    g = hq // hkv
+    scale = d**-0.5 if sm_scale is None else sm_scale
+    out = np.zeros((num_tokens, hq, d), np.float64)
+    q = b.q.astype(np.float64)
+    for s in range(int(b.num_seqs)):
+        lo, hi = int(b.cu_q_lens[s]), int(b.cu_q_lens[s + 1])
+        ql, kv = hi - lo, int(b.kv_lens[s])
+        ctx = kv - ql
+        kk = b.k_pages[:, b.page_indices[s]].reshape(hkv, -1, d)[:, :kv].astype(np.float64)
+        vv = b.v_pages[:, b.page_indices[s]].reshape(hkv, -1, d)[:, :kv].astype(np.float64)
+        par = None if b.tree_parents is None else b.tree_parents[lo:hi]
+        for i in range(ql):
+            vis = np.zeros(kv, bool)
+            vis[:ctx] = True
+            if par is None:
+                vis[ctx: ctx + i + 1] = True
+            else:
+                j = i
+                while j >= 0:
+                    vis[ctx + j] = True
+                    j = int(par[j]) if 0 <= par[j] < j else -1
+            for h in range(hq):
+                sc = kk[h // g][vis] @ q[lo + i, h] * scale
+                p = np.exp(sc - sc.max())
+                p /= p.sum()
+                out[lo + i, h] = p @ vv[h // g][vis]
+    return out
