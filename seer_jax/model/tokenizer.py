@@ -315,17 +315,17 @@ def _byte_level_bpe(
     # Control tokens (<|im_start|>...) stay whole and are skippable when decoding; user-defined
     # ones (<think>) stay whole but are ordinary text. A "control" token spelled outside the byte
     # alphabet is a llama.cpp mislabel (transformers skips those too).
-    types = list(token_types) + [1] * (len(tokens) - len(token_types))
+    types = (list(token_types) + [1] * len(tokens))[: len(tokens)]
     special = [
         AddedToken(t, special=True, normalized=False)
-        for t, ty in zip(tokens, types)
+        for t, ty in zip(tokens, types, strict=True)
         if ty == TOKEN_CONTROL and set(t) <= alphabet
     ]
     if special:
         backend.add_special_tokens(special)
     user = [
         AddedToken(t, special=False, normalized=False)
-        for t, ty in zip(tokens, types)
+        for t, ty in zip(tokens, types, strict=True)
         if ty == TOKEN_USER_DEFINED and t in vocab
     ]
     if user:
