@@ -1,0 +1,15 @@
+"""Model-free drafting for speculative decoding: group suffix contexts, the draft service and the
+adaptive speculation budget."""
+
+from seer_jax.rollout.drafting.context import DRAFT_MODES, DraftConfig, GroupDraftContext
+from seer_jax.rollout.drafting.draft import Draft, build_draft
+from seer_jax.rollout.drafting.suffix_automaton import SuffixAutomaton
+
+__all__ = [
+    "DRAFT_MODES",
+    "Draft",
+    "DraftConfig",
+    "GroupDraftContext",
+    "SuffixAutomaton",
+    "build_draft",
+]

@@ -1,0 +1,257 @@
+"""Suffix automaton and group draft context vs brute-force n-gram counting."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from seer_jax.errors import ConfigError, InputError
+from seer_jax.rollout.drafting import Draft, DraftConfig, GroupDraftContext, SuffixAutomaton
+
+# -- brute force -----------------------------------------------------------------------------------
+
+
+def occurrences(x: tuple, prompt: list, responses: list[list]) -> int:
+    """End positions of x in the tree of texts: the prompt once, then each response continuing
+    the prompt (occurrences ending inside the response part)."""
+    n = len(x)
+    if n == 0:
+        return len(prompt) + sum(len(r) for r in responses)
+    total = 0
+    for e in range(n - 1, len(prompt)):
+        if tuple(prompt[e - n + 1 : e + 1]) == x:
+            total += 1
+    for r in responses:
+        text = prompt + r
+        for e in range(max(len(prompt), n - 1), len(text)):
+            if tuple(text[e - n + 1 : e + 1]) == x:
+                total += 1
+    return total
+
+
+def continuations(x: tuple, prompt: list, responses: list[list], alphabet: int) -> dict:
+    out = {}
+    for c in range(alphabet):
+        k = occurrences(x + (c,), prompt, responses)
+        if k:
+            out[c] = k
+    return out
+
+
+def brute_match(text: list, prompt, responses, alphabet, max_len) -> int:
+    """Longest suffix (≤ max_len) of text followed by some token somewhere (0 if none)."""
+    for n in range(min(max_len, len(text)), 0, -1):
+        if continuations(tuple(text[len(text) - n :]), prompt, responses, alphabet):
+            return n
+    return 0
+
+
+ALPHABET = 3
+
+
+@st.composite
+def group_history(draw):
+    prompt = draw(st.lists(st.integers(0, ALPHABET - 1), max_size=8))
+    g = draw(st.integers(1, 4))
+    # interleaved appends: (request index, chunk)
+    appends = draw(
+        st.lists(
+            st.tuples(st.integers(0, g - 1), st.lists(st.integers(0, ALPHABET - 1), min_size=1,
+                                                      max_size=5)),
+            max_size=12,
+        )
+    )
+    max_len = draw(st.integers(1, 6))
+    return prompt, g, appends, max_len
+
+
+def replay(prompt, g, appends, max_len, mode="group"):
+    ctx = GroupDraftContext(DraftConfig(mode=mode, max_match_len=max_len, min_prob=0.0), prompt)
+    responses = [[] for _ in range(g)]
+    for i in range(g):
+        ctx.start_request(f"r{i}")
+    for i, chunk in appends:
+        ctx.append(f"r{i}", chunk)
+        responses[i].extend(chunk)
+    return ctx, responses
+
+
+# -- properties ------------------------------------------------------------------------------------
+
+
+@settings(max_examples=150, deadline=None)
+@given(group_history())
+def test_group_match_and_counts_equal_brute_force(hist):
+    prompt, g, appends, max_len = hist
+    ctx, responses = replay(prompt, g, appends, max_len)
+    sam = ctx._sam
+    for i in range(g):
+        text = prompt + responses[i]
+        seq = ctx._requests[f"r{i}"]
+        state, length = sam.suffix_state(seq, max_len)
+        assert length == min(max_len, len(text))
+        # the state's count is the number of occurrences of that suffix
+        suffix = tuple(text[len(text) - length :])
+        assert sam.count(state) == occurrences(suffix, prompt, responses)
+        state, length = sam.with_continuation(state, length)
+        assert length == brute_match(text, prompt, responses, ALPHABET, max_len)
+        got = {t: sam.count(s) for t, s in sam.children(state).items()}
+        want = continuations(tuple(text[len(text) - length :]), prompt, responses, ALPHABET)
+        if length == 0 and not got:
+            continue
+        assert got == want
+
+
+@settings(max_examples=100, deadline=None)
+@given(group_history())
+def test_per_request_mode_sees_only_own_text(hist):
+    prompt, g, appends, max_len = hist
+    ctx, responses = replay(prompt, g, appends, max_len, mode="per_request")
+    for i in range(g):
+        sam = ctx._own[f"r{i}"]
+        text = prompt + responses[i]
+        state, length = sam.with_continuation(*sam.suffix_state(0, max_len))
+        assert length == brute_match(text, text, [], ALPHABET, max_len)
+        got = {t: sam.count(s) for t, s in sam.children(state).items()}
+        want = continuations(tuple(text[len(text) - length :]), text, [], ALPHABET)
+        if length or got:
+            assert got == want
+
+
+@settings(max_examples=100, deadline=None)
+@given(group_history(), st.lists(st.integers(0, ALPHABET - 1), max_size=10))
+def test_pattern_match_is_longest_occurring_suffix(hist, pattern):
+    prompt, g, appends, max_len = hist
+    ctx, responses = replay(prompt, g, appends, max_len)
+    sam = ctx._sam
+    _, length = sam.match(pattern, max_len)
+    want = 0
+    for n in range(min(max_len, len(pattern)), 0, -1):
+        if occurrences(tuple(pattern[len(pattern) - n :]), prompt, responses):
+            want = n
+            break
+    assert length == want
+
+
+@settings(max_examples=100, deadline=None)
+@given(group_history(), st.integers(1, 4))
+def test_draft_probabilities_follow_counts(hist, width):
+    """Every draft node's path probability equals the product of brute-force count ratios along
+    its path, with the context kept to the last max_len tokens; chains take the top count."""
+    prompt, g, appends, max_len = hist
+    ctx, responses = replay(prompt, g, appends, max_len)
+    for i in range(g):
+        text = prompt + responses[i]
+        d = ctx.speculate(f"r{i}", max_nodes=6, max_depth=4, width=width, min_prob=0.0)
+        d.validate()
+        m = d.match_len
+        assert m == brute_match(text, prompt, responses, ALPHABET, max_len)
+        for node in range(len(d)):
+            path = d.path_to(node)
+            context = list(text[len(text) - m :]) if m else []
+            prob = 1.0
+            for tok in path:
+                cont = continuations(tuple(context), prompt, responses, ALPHABET)
+                assert tok in cont
+                prob *= cont[tok] / sum(cont.values())
+                context = (context + [tok])[-max_len:]
+            assert d.probs[node] == pytest.approx(prob, rel=1e-5)
+        if width == 1 and len(d):
+            context = tuple(text[len(text) - m :])
+            cont = continuations(context, prompt, responses, ALPHABET)
+            assert cont[int(d.tokens[0])] == max(cont.values())
+
+
+# -- examples --------------------------------------------------------------------------------------
+
+
+def test_siblings_text_drives_group_drafts_but_not_per_request():
+    prompt = [1, 2, 3]
+    sibling = [10, 11, 12, 13, 14, 15, 16, 17, 18, 19]
+    for mode, expect in [("group", [13, 14, 15, 16, 17]), ("per_request", [])]:
+        ctx = GroupDraftContext(DraftConfig(mode=mode), prompt)
+        ctx.append("a", sibling)
+        ctx.append("b", [10, 11, 12])
+        d = ctx.speculate("b", max_nodes=5, max_depth=5)
+        assert d.tokens.tolist() == expect
+        if expect:
+            assert d.parents.tolist() == [-1, 0, 1, 2, 3]
+            assert d.match_len == 6  # prompt + [10, 11, 12]
+            assert d.probs.tolist() == [1.0] * 5
+
+
+def test_frequency_scoring_picks_majority_and_min_prob_stops():
+    ctx = GroupDraftContext(DraftConfig(min_prob=0.5), [7])
+    ctx.append("a", [1, 2, 3, 4])
+    ctx.append("b", [1, 2, 3, 4])
+    ctx.append("c", [1, 2, 5, 6])
+    ctx.append("q", [9, 1, 2])
+    d = ctx.speculate("q", max_nodes=4, max_depth=4)
+    # after "1 2": 3 twice, 5 once -> 3 with p=2/3, then 4 (p stays 2/3), then nothing follows.
+    assert d.tokens.tolist() == [3, 4]
+    np.testing.assert_allclose(d.probs, [2 / 3, 2 / 3], rtol=1e-6)
+    strict = ctx.speculate("q", max_nodes=4, max_depth=4, min_prob=0.7)
+    assert len(strict) == 0
+
+
+def test_multipath_tree_keeps_top_branches_within_budget():
+    ctx = GroupDraftContext(DraftConfig(min_prob=0.0), [0])
+    ctx.append("a", [1, 2, 3, 4])
+    ctx.append("b", [1, 2, 3, 4])
+    ctx.append("c", [1, 2, 5, 6])
+    ctx.append("d", [1, 2, 7, 8])
+    ctx.append("q", [1, 2])
+    tree = ctx.speculate("q", max_nodes=4, max_depth=4, width=2)
+    tree.validate()
+    assert len(tree) == 4
+    assert tree.tokens.tolist()[:2] == [3, 4]  # the majority path first (p=0.5, 0.5)
+    assert set(tree.tokens.tolist()) <= {3, 4, 5, 6, 7, 8}
+    assert not tree.is_chain
+    # top-2 at the fork: the third branch (7) never appears with width 2
+    wide = ctx.speculate("q", max_nodes=10, max_depth=4, width=2)
+    assert 7 not in wide.tokens.tolist() and 5 in wide.tokens.tolist()
+    assert len(ctx.speculate("q", max_nodes=10, max_depth=4, width=3)) == 6
+    # node budget respected, depth respected
+    assert len(ctx.speculate("q", max_nodes=3, max_depth=4, width=3)) == 3
+    assert ctx.speculate("q", max_nodes=10, max_depth=1, width=3).depth == 1
+
+
+def test_accepted_length_on_tree():
+    d = Draft(np.array([5, 6, 7, 8], np.int32), np.array([-1, 0, -1, 2], np.int32),
+              np.ones(4, np.float32))
+    assert d.accepted_length([7, 8, 9]) == 2
+    assert d.accepted_length([5, 9]) == 1
+    assert d.accepted_length([1]) == 0
+    assert Draft.chain([1, 2, 3]).accepted_length([1, 2, 3, 4]) == 3
+    assert d.truncate(2).tokens.tolist() == [5, 6]
+
+
+def test_pattern_speculation_matches_request_speculation():
+    ctx = GroupDraftContext(DraftConfig(), [4, 4])
+    ctx.append("a", [1, 2, 3, 1, 2, 3, 9])
+    ctx.append("b", [1, 2])
+    by_id = ctx.speculate("b")
+    by_pattern = ctx.speculate_pattern([4, 4, 1, 2])
+    assert by_id.tokens.tolist() == by_pattern.tokens.tolist() == [3, 1, 2, 3, 9]
+
+
+def test_max_spec_factor_caps_depth_by_match_length():
+    ctx = GroupDraftContext(DraftConfig(max_spec_factor=1.0, min_prob=0.0))
+    ctx.append("a", list(range(20)))
+    ctx.append("b", [5, 6])
+    assert len(ctx.speculate("b", max_nodes=8, max_depth=8)) == 2
+
+
+def test_bad_inputs_raise_project_errors():
+    with pytest.raises(ConfigError, match="mode"):
+        GroupDraftContext(DraftConfig(mode="bogus"))
+    with pytest.raises(ConfigError, match="min_prob"):
+        DraftConfig(min_prob=2.0).validate()
+    ctx = GroupDraftContext(DraftConfig(), [1])
+    ctx.append("a", [2])
+    with pytest.raises(InputError, match="prompt"):
+        ctx.set_prompt([3])
+    with pytest.raises(InputError):
+        SuffixAutomaton(0)
