@@ -1,0 +1,194 @@
+"""GPU Pallas (Triton lowering) ragged paged attention with split-K.
+
+Grid (num_q_blocks, num_kv_heads, num_kv_splits). Rows are `block_q` packed tokens x the padded
+query-head group of one KV head (all block dims powers of two, as Triton requires). For each
+sequence overlapping the q block, the split's share of the KV blocks the causal window needs is
+read page-by-page through the page table (a gathered load of `pages_per_block` pages), with an
+online softmax in registers. Each split writes its un-normalised accumulator and (m, l); the
+wrapper merges the splits (split-K / flash-decoding), which keeps the GPU busy for decode batches
+where there are few q blocks. Row metadata and the tree mask are shared with the TPU kernel.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as pltriton
+
+from seer_jax.errors import InputError
+from seer_jax.pallas.attention_tpu import prepare, unfold
+from seer_jax.pallas.tree import KERNEL_TREE_WINDOW
+
+NEG = -1e30
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(0, (int(n) - 1).bit_length())
+
+
+def _kernel(
+    q_ref,  # [rows, D]
+    meta_ref,  # [rows, 4]
+    k_ref,  # [total_pages, page_size, D] (this KV head)
+    v_ref,
+    pages_ref,  # [max_seqs, pages_per_seq_padded]
+    kv_lens_ref,  # [max_seqs]
+    cu_ref,  # [max_seqs + 1]
+    blk_lo_ref,  # [num_blocks]
+    blk_hi_ref,  # [num_blocks]
+    o_ref,  # [rows, D] f32 (this split)
+    m_out_ref,  # [rows] f32
+    l_out_ref,  # [rows] f32
+    *,
+    sm_scale: float,
+    block_q: int,
+    page_size: int,
+    pages_per_block: int,
+    num_splits: int,
+    has_tree: bool,
+):
+    b = pl.program_id(0)
+    split = pl.program_id(2)
+    rows, head_dim = q_ref.shape
+    kv_blk = pages_per_block * page_size
+    q = q_ref[...].astype(jnp.float32) * sm_scale
+    row_seq = meta_ref[:, 0]
+    row_qpos = meta_ref[:, 1]
+    row_vis = meta_ref[:, 2]
+    row_bits = meta_ref[:, 3]
+
+    def per_seq(seq, carry):
+        kv_len = kv_lens_ref[seq]
+        q_start = cu_ref[seq]
+        q_end = cu_ref[seq + 1]
+        first = jnp.maximum(q_start, b * block_q)
+        last = jnp.minimum(q_end, (b + 1) * block_q)
+        ctx = kv_len - (q_end - q_start)
+        kv_end = jnp.where(last > first, jnp.minimum(kv_len, ctx + last - q_start), 0)
+        n_kb = pl.cdiv(kv_end, kv_blk)
+        per_split = pl.cdiv(n_kb, num_splits)
+        kb_lo = jnp.minimum(split * per_split, n_kb)
+        kb_hi = jnp.minimum(kb_lo + per_split, n_kb)
+        seq_rows = row_seq == seq
+
+        def per_kv_block(kb, c):
+            o, m, den = c
+            pages = pages_ref[seq, pl.ds(kb * pages_per_block, pages_per_block)]
+            k = k_ref[pages].reshape(kv_blk, head_dim).astype(jnp.float32)
+            v = v_ref[pages].reshape(kv_blk, head_dim).astype(jnp.float32)
+            kpos = kb * kv_blk + jnp.arange(kv_blk, dtype=jnp.int32)
+            k_ok = kpos < kv_end
+            v = jnp.where(k_ok[:, None], v, 0.0)
+            s = pl.dot(q, k, trans_b=True)  # [rows, kv_blk]
+            vis = kpos[None, :] < row_vis[:, None]
+            if has_tree:
+                back = row_qpos[:, None] - kpos[None, :]
+                in_win = (back >= 0) & (back < KERNEL_TREE_WINDOW)
+                bit = (row_bits[:, None] >> jnp.clip(back, 0, KERNEL_TREE_WINDOW - 1)) & 1
+                vis = vis | (in_win & (bit == 1))
+            mask = seq_rows[:, None] & vis & k_ok[None, :]
+            m_new = jnp.maximum(m, jnp.max(jnp.where(mask, s, NEG), axis=1))
+            p = jnp.where(mask, jnp.exp(s - m_new[:, None]), 0.0)
+            alpha = jnp.exp(m - m_new)
+            den = alpha * den + jnp.sum(p, axis=1)
+            o = alpha[:, None] * o + pl.dot(p, v)
+            return o, m_new, den
+
+        return jax.lax.fori_loop(kb_lo, kb_hi, per_kv_block, carry)
+
+    init = (
+        jnp.zeros((rows, head_dim), jnp.float32),
+        jnp.full((rows,), NEG, jnp.float32),
+        jnp.zeros((rows,), jnp.float32),
+    )
+    o, m, den = jax.lax.fori_loop(blk_lo_ref[b], blk_hi_ref[b], per_seq, init)
+    o_ref[...] = o
+    m_out_ref[...] = m
+    l_out_ref[...] = den
+
+
+def ragged_paged_attention_gpu(
+    q, k_pages, v_pages, kv_lens, page_indices, cu_q_lens, num_seqs, *,
+    sm_scale: float | None = None,
+    tree_parents: jax.Array | None = None,
+    interpret: bool = False,
+    block_q: int | None = None,
+    pages_per_block: int | None = None,
+    num_kv_splits: int | None = None,
+    num_warps: int = 4,
+    num_stages: int = 2,
+) -> jax.Array:
+    """GPU (Triton) kernel; same contract as `seer_jax.pallas.ragged_paged_attention`.
+
+    num_kv_splits: KV splits per (q block, head) merged afterwards; default 4 for decode-like
+    batches (num_tokens <= 2 * max_seqs), else 1.
+    """
+    num_tokens, num_q_heads, head_dim = q.shape
+    num_kv_heads, total_pages, page_size, _ = k_pages.shape
+    max_seqs, pages_per_seq = page_indices.shape
+    if head_dim < 16 or head_dim != _pow2(head_dim):
+        raise InputError(f"GPU kernel needs a power-of-two head_dim >= 16, got {head_dim}; "
+                         "use impl='reference'")
+    if page_size != _pow2(page_size):
+        raise InputError(f"GPU kernel needs a power-of-two page_size, got {page_size}")
+    group = num_q_heads // num_kv_heads
+    gp = _pow2(group)
+    block_q = _pow2(block_q or max(1, 16 // gp))
+    pages_per_block = _pow2(pages_per_block or max(1, 64 // page_size))
+    pages_per_block = min(pages_per_block, _pow2(pages_per_seq))
+    if num_kv_splits is None:
+        num_kv_splits = 4 if num_tokens <= 2 * max_seqs else 1
+    scale = head_dim**-0.5 if sm_scale is None else float(sm_scale)
+    q_rows, meta, kv, bad_tok, blk_lo, blk_hi, tp, gp = prepare(
+        q, k_pages, kv_lens, page_indices, cu_q_lens, num_seqs, tree_parents, block_q,
+        group_pad=gp)
+    rows = block_q * gp
+    num_blocks = tp // block_q
+    pps_pad = -(-pages_per_seq // pages_per_block) * pages_per_block
+    pages = jnp.pad(page_indices.astype(jnp.int32), ((0, 0), (0, pps_pad - pages_per_seq)))
+    pages = jnp.clip(pages, 0, total_pages - 1)
+    cu = cu_q_lens.astype(jnp.int32)
+    kernel = functools.partial(
+        _kernel, sm_scale=scale, block_q=block_q, page_size=page_size,
+        pages_per_block=pages_per_block, num_splits=num_kv_splits,
+        has_tree=tree_parents is not None,
+    )
+    full = lambda shape: pl.BlockSpec(shape, lambda b, h, s: (0,) * len(shape))
+    n_rows = tp * gp
+    o, m, den = pl.pallas_call(
+        kernel,
+        grid=(num_blocks, num_kv_heads, num_kv_splits),
+        in_specs=[
+            pl.BlockSpec((None, rows, head_dim), lambda b, h, s: (h, b, 0)),
+            pl.BlockSpec((rows, 4), lambda b, h, s: (b, 0)),
+            pl.BlockSpec((None, total_pages, page_size, head_dim), lambda b, h, s: (h, 0, 0, 0)),
+            pl.BlockSpec((None, total_pages, page_size, head_dim), lambda b, h, s: (h, 0, 0, 0)),
+            full(pages.shape),
+            full(kv.shape),
+            full(cu.shape),
+            full(blk_lo.shape),
+            full(blk_hi.shape),
+        ],
+        out_specs=[
+            pl.BlockSpec((None, None, rows, head_dim), lambda b, h, s: (s, h, b, 0)),
+            pl.BlockSpec((None, None, rows), lambda b, h, s: (s, h, b)),
+            pl.BlockSpec((None, None, rows), lambda b, h, s: (s, h, b)),
+        ],
+        out_shape=[
+            jax.ShapeDtypeStruct((num_kv_splits, num_kv_heads, n_rows, head_dim), jnp.float32),
+            jax.ShapeDtypeStruct((num_kv_splits, num_kv_heads, n_rows), jnp.float32),
+            jax.ShapeDtypeStruct((num_kv_splits, num_kv_heads, n_rows), jnp.float32),
+        ],
+        compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
+        interpret=interpret,
+        name="seer_ragged_paged_attention_gpu",
+    )(q_rows, meta, k_pages, v_pages, pages, kv, cu, blk_lo, blk_hi)
+    # Merge the KV splits.
+    m_all = jnp.max(m, axis=0)
+    w = jnp.exp(m - m_all[None])
+    l_all = jnp.sum(den * w, axis=0)
+    o_all = jnp.sum(o * w[..., None], axis=0) / jnp.where(l_all > 0, l_all, 1.0)[..., None]
+    return unfold(o_all, num_tokens, num_q_heads, group, gp, bad_tok, q.dtype)

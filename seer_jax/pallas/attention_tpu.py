@@ -1,0 +1,279 @@
+"""TPU Pallas (Mosaic) ragged paged attention.
+
+Grid (num_kv_heads, num_q_blocks). A q block is `block_q` packed tokens x the `group` query heads
+of one KV head, folded into `block_q * group` rows (token-major), so GQA shares every K/V page
+fetch. The page table, kv_lens, cu_q_lens and each block's sequence range come in by scalar
+prefetch (SMEM). K/V stay in HBM (`pl.ANY`); for each sequence overlapping the block the kernel
+streams its pages, `pages_per_block` at a time, by async DMA into a double-buffered VMEM scratch
+(the next block's DMAs are in flight while the current one is multiplied), with an online
+softmax in f32 scratch. Only the pages a block's causal window needs are fetched; padding
+sequences (>= num_seqs) and tokens cost nothing. Per-row metadata (sequence id, query position,
+visible prefix, tree-window bits) is precomputed by the wrapper (see `tree.kernel_tree_mask`).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+
+from seer_jax.errors import InputError
+from seer_jax.pallas.tree import KERNEL_TREE_WINDOW, kernel_tree_mask, token_seq_ids
+
+NEG = -1e30
+SUPPORTED_HEAD_DIMS = (64, 128, 256)
+
+
+def _kernel(
+    # scalar prefetch (SMEM)
+    pages_ref,  # [max_seqs * pages_per_seq]
+    kv_lens_ref,  # [max_seqs]
+    cu_ref,  # [max_seqs + 1]
+    blk_lo_ref,  # [num_blocks]
+    blk_hi_ref,  # [num_blocks]
+    # inputs
+    q_ref,  # [rows, D] (VMEM block)
+    meta_ref,  # [rows, 4] int32: seq, qpos, vis_end, bits
+    k_hbm,  # [Hkv, total_pages, page_size, D] (HBM)
+    v_hbm,
+    # output
+    o_ref,  # [rows, D]
+    # scratch
+    k_buf,  # [2, pages_per_block * page_size, D]
+    v_buf,
+    sems,  # DMA [2 slots, 2 (k, v)]
+    m_ref,  # [rows, 1] f32
+    l_ref,  # [rows, 1] f32
+    acc_ref,  # [rows, D] f32
+    *,
+    sm_scale: float,
+    block_q: int,
+    page_size: int,
+    pages_per_block: int,
+    pages_per_seq: int,
+    has_tree: bool,
+):
+    h = pl.program_id(0)
+    b = pl.program_id(1)
+    kv_blk = pages_per_block * page_size
+    m_ref[...] = jnp.full(m_ref.shape, NEG, jnp.float32)
+    l_ref[...] = jnp.zeros(l_ref.shape, jnp.float32)
+    acc_ref[...] = jnp.zeros(acc_ref.shape, jnp.float32)
+    q = q_ref[...].astype(jnp.float32) * sm_scale
+    meta = meta_ref[...]
+    row_seq, row_qpos, row_vis, row_bits = (meta[:, i: i + 1] for i in range(4))
+
+    def copies(seq, kb, slot, n_pages):
+        """(valid, k_copy, v_copy) per page of kv block kb of sequence seq."""
+        out = []
+        for i in range(pages_per_block):
+            page_no = kb * pages_per_block + i
+            valid = page_no < n_pages
+            page = pages_ref[seq * pages_per_seq + jnp.minimum(page_no, pages_per_seq - 1)]
+            dst = pl.ds(i * page_size, page_size)
+            out.append((
+                valid,
+                pltpu.make_async_copy(k_hbm.at[h, page], k_buf.at[slot, dst], sems.at[slot, 0]),
+                pltpu.make_async_copy(v_hbm.at[h, page], v_buf.at[slot, dst], sems.at[slot, 1]),
+            ))
+        return out
+
+    def _both(ck, cv, method: str):
+        def run():
+            getattr(ck, method)()
+            getattr(cv, method)()
+
+        return run
+
+    def start(seq, kb, slot, n_pages):
+        for valid, ck, cv in copies(seq, kb, slot, n_pages):
+            pl.when(valid)(_both(ck, cv, "start"))
+
+    def wait(seq, kb, slot, n_pages):
+        for valid, ck, cv in copies(seq, kb, slot, n_pages):
+            pl.when(valid)(_both(ck, cv, "wait"))
+
+    def per_seq(seq, carry):
+        kv_len = kv_lens_ref[seq]
+        q_start, q_end = cu_ref[seq], cu_ref[seq + 1]
+        first = jnp.maximum(q_start, b * block_q)
+        last = jnp.minimum(q_end, (b + 1) * block_q)  # exclusive
+        ctx = kv_len - (q_end - q_start)
+        # Keys this block's rows of seq can see: positions < ctx + (last - q_start).
+        kv_end = jnp.where(last > first, jnp.minimum(kv_len, ctx + last - q_start), 0)
+        n_pages = pl.cdiv(kv_end, page_size)
+        n_kb = pl.cdiv(kv_end, kv_blk)
+
+        @pl.when(n_kb > 0)
+        def _():
+            start(seq, 0, 0, n_pages)
+
+        def per_kv_block(kb, c):
+            slot = kb % 2
+
+            @pl.when(kb + 1 < n_kb)
+            def _():
+                start(seq, kb + 1, 1 - slot, n_pages)
+
+            wait(seq, kb, slot, n_pages)
+            k = k_buf[slot].astype(jnp.float32)  # [kv_blk, D]
+            v = v_buf[slot].astype(jnp.float32)
+            kpos_col = kb * kv_blk + jax.lax.broadcasted_iota(jnp.int32, (kv_blk, 1), 0)
+            v = jnp.where(kpos_col < kv_end, v, 0.0)  # stale / NaN slots never leak
+            s = jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())),
+                                    preferred_element_type=jnp.float32)  # [rows, kv_blk]
+            kpos = kb * kv_blk + jax.lax.broadcasted_iota(jnp.int32, (1, kv_blk), 1)
+            vis = kpos < row_vis
+            if has_tree:
+                back = row_qpos - kpos
+                in_win = (back >= 0) & (back < KERNEL_TREE_WINDOW)
+                bit = (row_bits >> jnp.clip(back, 0, KERNEL_TREE_WINDOW - 1)) & 1
+                vis = vis | (in_win & (bit == 1))
+            mask = (row_seq == seq) & vis & (kpos < kv_end)
+            m_prev = m_ref[...]
+            m_new = jnp.maximum(m_prev, jnp.max(jnp.where(mask, s, NEG), axis=1, keepdims=True))
+            p = jnp.where(mask, jnp.exp(s - m_new), 0.0)
+            alpha = jnp.exp(m_prev - m_new)
+            l_ref[...] = alpha * l_ref[...] + jnp.sum(p, axis=1, keepdims=True)
+            acc_ref[...] = alpha * acc_ref[...] + jnp.dot(p, v,
+                                                          preferred_element_type=jnp.float32)
+            m_ref[...] = m_new
+            return c
+
+        jax.lax.fori_loop(0, n_kb, per_kv_block, 0)
+        return carry
+
+    jax.lax.fori_loop(blk_lo_ref[b], blk_hi_ref[b], per_seq, 0)
+    den = l_ref[...]
+    o_ref[...] = (acc_ref[...] / jnp.where(den > 0, den, 1.0)).astype(o_ref.dtype)
+
+
+def row_metadata(tree_parents, cu_q_lens, kv_lens, num_seqs, num_tokens):
+    """Per-token (seq, qpos, vis_end, bits, exact): seq -1 for padding; positions absolute."""
+    cu = cu_q_lens.astype(jnp.int32)
+    seq = token_seq_ids(cu, num_seqs, num_tokens)
+    seq_c = jnp.maximum(seq, 0)
+    t = jnp.arange(num_tokens, dtype=jnp.int32)
+    rel = t - cu[seq_c]
+    ctx = kv_lens[seq_c] - (cu[seq_c + 1] - cu[seq_c])
+    vis_len, bits, exact = kernel_tree_mask(tree_parents, cu, num_seqs, num_tokens)
+    return seq, ctx + rel, ctx + vis_len, bits, exact
+
+
+def block_seq_ranges(cu_q_lens, num_seqs, num_blocks: int, block_q: int):
+    """[lo, hi) range of live sequences with tokens in each q block."""
+    ends = cu_q_lens[1:]
+    starts = jnp.arange(num_blocks, dtype=jnp.int32) * block_q
+    lo = jnp.searchsorted(ends, starts, side="right").astype(jnp.int32)
+    hi = jnp.searchsorted(ends, starts + block_q - 1, side="right").astype(jnp.int32) + 1
+    n = jnp.asarray(num_seqs, jnp.int32).reshape(())
+    return jnp.minimum(lo, n), jnp.minimum(hi, n)
+
+
+def prepare(q, k_pages, kv_lens, page_indices, cu_q_lens, num_seqs, tree_parents, block_q,
+            group_pad: int = 1):
+    """Shared wrapper work for both kernels: padded, head-folded q and per-row metadata.
+
+    Returns (q_rows [Hkv, Tp*Gp, D], meta [Tp*Gp, 4], kv_lens (clamped), bad_tok [T],
+    blk_lo, blk_hi, Tp, Gp).
+    """
+    num_tokens, num_q_heads, head_dim = q.shape
+    num_kv_heads, _, page_size, _ = k_pages.shape
+    max_seqs, pages_per_seq = page_indices.shape
+    group = num_q_heads // num_kv_heads
+    gp = -(-group // group_pad) * group_pad
+    tp = -(-num_tokens // block_q) * block_q
+    num_seqs = jnp.asarray(num_seqs, jnp.int32).reshape(())
+    cu = cu_q_lens.astype(jnp.int32)
+    kv = kv_lens.astype(jnp.int32)
+    live = jnp.arange(max_seqs) < num_seqs
+    q_lens = jnp.where(live, cu[1:] - cu[:-1], 0)
+    bad_seq = live & ((kv > pages_per_seq * page_size) | (kv < q_lens))
+    kv = jnp.where(bad_seq, jnp.minimum(jnp.maximum(kv, q_lens), pages_per_seq * page_size), kv)
+    kv = jnp.where(live, kv, 0)
+    seq, qpos, vis_end, bits, exact = row_metadata(tree_parents, cu, kv, num_seqs, num_tokens)
+    bad_tok = (seq >= 0) & (bad_seq[jnp.maximum(seq, 0)] | ~exact)
+    meta = jnp.stack([seq, qpos, vis_end, bits], axis=1)  # [T, 4]
+    meta = jnp.pad(meta, ((0, tp - num_tokens), (0, 0)), constant_values=-1)
+    meta = jnp.repeat(meta, gp, axis=0)  # rows are token-major, head-minor
+    q4 = q.reshape(num_tokens, num_kv_heads, group, head_dim)
+    q4 = jnp.pad(q4, ((0, tp - num_tokens), (0, 0), (0, gp - group), (0, 0)))
+    q_rows = jnp.transpose(q4, (1, 0, 2, 3)).reshape(num_kv_heads, tp * gp, head_dim)
+    blk_lo, blk_hi = block_seq_ranges(cu, num_seqs, tp // block_q, block_q)
+    return q_rows, meta, kv, bad_tok, blk_lo, blk_hi, tp, gp
+
+
+def unfold(o_rows, num_tokens, num_q_heads, group, gp, bad_tok, dtype):
+    """[Hkv, Tp*Gp, D] rows back to [T, Hq, D]; NaN for tokens the kernel could not serve."""
+    num_kv_heads, _, head_dim = o_rows.shape
+    o = o_rows.reshape(num_kv_heads, -1, gp, head_dim)[:, :num_tokens, :group]
+    o = jnp.transpose(o, (1, 0, 2, 3)).reshape(num_tokens, num_q_heads, head_dim)
+    return jnp.where(bad_tok[:, None, None], jnp.nan, o).astype(dtype)
+
+
+def ragged_paged_attention_tpu(
+    q, k_pages, v_pages, kv_lens, page_indices, cu_q_lens, num_seqs, *,
+    sm_scale: float | None = None,
+    tree_parents: jax.Array | None = None,
+    interpret: bool = False,
+    block_q: int | None = None,
+    pages_per_block: int | None = None,
+) -> jax.Array:
+    """TPU kernel; same contract as `seer_jax.pallas.ragged_paged_attention`.
+
+    interpret=True runs the TPU simulator (`pltpu.InterpretParams()`) on CPU.
+    """
+    num_tokens, num_q_heads, head_dim = q.shape
+    num_kv_heads, _, page_size, _ = k_pages.shape
+    max_seqs, pages_per_seq = page_indices.shape
+    if head_dim not in SUPPORTED_HEAD_DIMS:
+        raise InputError(f"TPU kernel supports head_dim in {SUPPORTED_HEAD_DIMS}, got {head_dim}; "
+                         "use impl='reference'")
+    group = num_q_heads // num_kv_heads
+    block_q = block_q or max(1, min(32, 128 // group))
+    pages_per_block = max(1, min(pages_per_block or max(1, 128 // page_size), pages_per_seq))
+    scale = head_dim**-0.5 if sm_scale is None else float(sm_scale)
+    q_rows, meta, kv, bad_tok, blk_lo, blk_hi, tp, gp = prepare(
+        q, k_pages, kv_lens, page_indices, cu_q_lens, num_seqs, tree_parents, block_q)
+    rows = block_q * gp
+    num_blocks = tp // block_q
+    kv_blk = pages_per_block * page_size
+    kernel = functools.partial(
+        _kernel, sm_scale=scale, block_q=block_q, page_size=page_size,
+        pages_per_block=pages_per_block, pages_per_seq=pages_per_seq,
+        has_tree=tree_parents is not None,
+    )
+    grid_spec = pltpu.PrefetchScalarGridSpec(
+        num_scalar_prefetch=5,
+        grid=(num_kv_heads, num_blocks),
+        in_specs=[
+            pl.BlockSpec((None, rows, head_dim), lambda h, b, *_: (h, b, 0)),
+            pl.BlockSpec((rows, 4), lambda h, b, *_: (b, 0)),
+            pl.BlockSpec(memory_space=pl.ANY),
+            pl.BlockSpec(memory_space=pl.ANY),
+        ],
+        out_specs=pl.BlockSpec((None, rows, head_dim), lambda h, b, *_: (h, b, 0)),
+        scratch_shapes=[
+            pltpu.VMEM((2, kv_blk, head_dim), k_pages.dtype),
+            pltpu.VMEM((2, kv_blk, head_dim), v_pages.dtype),
+            pltpu.SemaphoreType.DMA((2, 2)),
+            pltpu.VMEM((rows, 1), jnp.float32),
+            pltpu.VMEM((rows, 1), jnp.float32),
+            pltpu.VMEM((rows, head_dim), jnp.float32),
+        ],
+    )
+    o_rows = pl.pallas_call(
+        kernel,
+        grid_spec=grid_spec,
+        out_shape=jax.ShapeDtypeStruct(q_rows.shape, q.dtype),
+        compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "arbitrary")),
+        interpret=pltpu.InterpretParams() if interpret else False,
+        name="seer_ragged_paged_attention_tpu",
+    )(
+        page_indices.astype(jnp.int32).reshape(-1), kv, cu_q_lens.astype(jnp.int32),
+        blk_lo, blk_hi, q_rows, meta, k_pages, v_pages,
+    )
+    return unfold(o_rows, num_tokens, num_q_heads, group, gp, bad_tok, q.dtype)
