@@ -36,7 +36,7 @@ def filter_logits(
         sorted_desc = jnp.where(sorted_desc >= kth, sorted_desc, -jnp.inf)
         probs = jax.nn.softmax(sorted_desc, axis=-1)
         cum_before = jnp.cumsum(probs, axis=-1) - probs
-        keep = cum_before < top_p_b[:, None]
+        keep = (cum_before < top_p_b[:, None]) & jnp.isfinite(sorted_desc)
         keep = keep.at[:, 0].set(True)
         threshold = jnp.min(jnp.where(keep, sorted_desc, jnp.inf), axis=-1, keepdims=True)
         return jnp.where(scaled >= threshold, scaled, -jnp.inf)
@@ -64,7 +64,7 @@ def sample_tokens(
     sampled = jax.vmap(lambda k, lg: jax.random.categorical(k, lg))(keys_b2, filtered)
     argmax = jnp.argmax(raw_logp, axis=-1)
     tokens = jnp.where(greedy, argmax, sampled).astype(jnp.int32)
-    logp = jnp.where(greedy, raw_logp, samp_logp)
+    logp = jnp.where(greedy[:, None], raw_logp, samp_logp)
     return tokens, jnp.take_along_axis(logp, tokens[:, None], axis=-1)[:, 0]
 
 
