@@ -193,6 +193,9 @@ def test_from_dir_matches_transformers(tmp_path, tiny_gguf):
     assert (ours.bos_id, ours.eos_id, ours.pad_id) == (1, 2, 2)
     assert Tokenizer.load(d).encode("the world") == ours.encode("the world") == src.encode("the world")
     assert Tokenizer.load(tiny_gguf).encode("the world") == src.encode("the world")
+    assert Tokenizer.load(tiny_gguf.parent).encode("the world") == src.encode("the world")  # dir, one .gguf
+    (d / "model.safetensors").write_bytes(b"")
+    assert Tokenizer.load(d / "model.safetensors").eos_id == 2  # a weights file: its directory
     ref = transformers.AutoTokenizer.from_pretrained(str(d))
     assert_same_as_transformers(ours, ref)
     # chat_template.jinja (newer checkpoints) wins over tokenizer_config.json

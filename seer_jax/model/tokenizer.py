@@ -81,14 +81,22 @@ class Tokenizer:
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> Tokenizer:
-        """From a GGUF file, a HF checkpoint directory or a `tokenizer.json`."""
+        """From a GGUF file, a HF checkpoint directory (or a file in one) or a `tokenizer.json`.
+
+        A directory without `tokenizer.json` but with exactly one `.gguf` uses that GGUF.
+        """
         path = pathlib.Path(path)
         if path.is_dir():
+            ggufs = sorted(path.glob("*.gguf"))
+            if not (path / "tokenizer.json").is_file() and len(ggufs) == 1:
+                return cls.from_gguf(ggufs[0])
             return cls.from_dir(path)
         if not path.exists():
             raise SeerError(f"tokenizer source not found: {path}")
         if path.suffix == ".json":
             return cls.from_file(path)
+        if path.suffix == ".safetensors":
+            return cls.from_dir(path.parent)
         return cls.from_gguf(path)
 
     @classmethod
