@@ -93,6 +93,7 @@ class ChunkResult:
     kv_bytes_imported: int = 0
     kv_bytes_exported: int = 0
     reprefill_tokens: int = 0
+    first_token_at: float | None = None  # when this chunk's first token was produced, if known
 
 
 @dataclasses.dataclass(frozen=True)

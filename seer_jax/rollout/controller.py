@@ -1,0 +1,608 @@
+"""The host-side rollout controller: divided rollout, KV pool, placement, context-aware policies.
+
+What it does (DESIGN.md §2.1-2.2): a batch of groups (one prompt, G responses each) becomes G
+requests per group; a request runs as a sequence of *chunks* of at most `chunk_size` new tokens
+(`max_new_tokens = min(chunk_size, original_max_tokens - generated)`). Between chunks the request
+waits in the *request buffer*, ordered by the policy (`seer_jax.rollout.policies`), and its KV
+lives in the global KV pool (`seer_jax.rollout.kv_pool`); placement
+(`seer_jax.rollout.placement`) picks the instance for each chunk. Each response is returned once
+with its tokens, logprobs, finish reason and timing.
+
+Plugging instances in
+---------------------
+An instance is anything implementing `seer_jax.rollout.instance.Instance` (`now`, `set_now`,
+`submit`, `has_work`, `step`, `load`, `resident_tokens`, `abort`, attribute `instance_id`).
+Contract the controller relies on:
+- ids are 0..N-1 in list order; `load()` reports the KV page capacity (`total_kv_pages`,
+  `page_size`), read once at start;
+- `submit(chunk)` queues a `ChunkRequest`; the instance continues after `chunk.output_ids`,
+  producing at most `chunk.max_new_tokens` tokens. If `chunk.kv_handle` is set and the instance
+  does not hold that request's KV resident, it imports it with `pool.get(handle)` (None: evicted,
+  re-prefill prompt + output_ids: results must not change);
+- `step()` runs one engine iteration, advances the instance clock, and returns the chunks that
+  ended in it (`StepReport.finished`). A chunk ends with `finish_reason` "eos"/"stop"/"length"
+  when the request is done, or None when its chunk budget ran out; then the instance has put the
+  request's KV into the pool (`pool.put(request_id, blob, nbytes)`, handle in
+  `ChunkResult.kv_handle`) and may keep it resident as evictable cache (`resident_tokens`);
+- a lost instance raises `InstanceLostError` from `step()` or `submit()` (or the caller calls
+  `Controller.on_instance_lost`); its chunks are re-dispatched elsewhere from the last pool copy
+  (or by re-prefill), so every request is still returned exactly once;
+- time: the controller never reads a clock. Drivers (`seer_jax.rollout.driver`) step instances
+  and hand it the time: `EmulatedClusterDriver` (each instance on its own virtual clock advanced
+  by its step durations: measured, or a cost model) and `WallClockDriver` (real time).
+Under KV-budget admission the controller submits a chunk only when the pages already reserved
+on that instance plus the chunk's worst case (ceil((context + max_new_tokens) / page_size)) fit
+its capacity, so an instance that admits by free pages never preempts.
+
+Entry points: `rollout(...)` (build + drive + report in one call) or, for custom drivers,
+`Controller` (`start`, `dispatch`, `on_chunk_result`, `on_instance_lost`, `done`, `results`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from seer_jax.errors import ConfigError, InputError, SeerError
+from seer_jax.rollout.instance import Instance, KVPool
+from seer_jax.rollout.placement import InstanceSlot, choose_instance, least_loaded_order
+from seer_jax.rollout.policies import POLICIES, GroupState, Policy, RequestState, make_policy
+from seer_jax.rollout.types import ChunkRequest, ChunkResult, FinishReason, SamplingParams
+
+if TYPE_CHECKING:
+    from seer_jax.rollout.report import RolloutReport
+
+
+class InstanceLostError(SeerError):
+    """An instance is gone (crashed, preempted, unreachable); raised by `step()`/`submit()`."""
+
+
+@dataclasses.dataclass
+class ControllerConfig:
+    """Controller settings (plain values, so an ml_collections config maps onto it).
+
+    chunk_size: max new tokens per chunk (divided policies); >= 1.
+    balance_threshold: in-flight spread (max - min chunks across instances) above which placement
+        ignores affinity and picks the least-loaded instance (paper: 32); >= 0.
+    max_in_flight_per_instance: cap on chunks in flight per instance, 0 = none (KV budget only).
+    dispatch_lookahead: how many buffered requests a dispatch round may skip over when the
+        policy's first choice fits nowhere right now; >= 1.
+    starvation_pops: seer's starvation guard: -1 = auto (number of requests), 0 = off, else a
+        request waiting through more than this many pops is served next.
+    per_request_seeds: derive each request's sampling seed from (seed, group index, sample index)
+        so the G samples of a group differ and stay the same under every policy.
+    """
+
+    chunk_size: int = 2048
+    balance_threshold: int = 32
+    max_in_flight_per_instance: int = 0
+    dispatch_lookahead: int = 8
+    starvation_pops: int = -1
+    per_request_seeds: bool = True
+
+    def validate(self) -> ControllerConfig:
+        checks = (
+            ("chunk_size", self.chunk_size, ">= 1", lambda v: v >= 1),
+            ("balance_threshold", self.balance_threshold, ">= 0", lambda v: v >= 0),
+            (
+                "max_in_flight_per_instance",
+                self.max_in_flight_per_instance,
+                ">= 0 (0 = no cap)",
+                lambda v: v >= 0,
+            ),
+            ("dispatch_lookahead", self.dispatch_lookahead, ">= 1", lambda v: v >= 1),
+            ("starvation_pops", self.starvation_pops, ">= -1 (-1 auto, 0 off)", lambda v: v >= -1),
+        )
+        for key, value, allowed, ok in checks:
+            if not isinstance(value, int) or isinstance(value, bool) or not ok(value):
+                raise ConfigError(f"{key}={value!r} is invalid; allowed: an integer {allowed}")
+        if not isinstance(self.per_request_seeds, bool):
+            raise ConfigError(
+                f"per_request_seeds={self.per_request_seeds!r} is invalid; allowed: True or False"
+            )
+        return self
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, Any] | None) -> ControllerConfig:
+        """From a dict / ConfigDict; unknown keys are a ConfigError naming the known ones."""
+        values = dict(values or {})
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ConfigError(f"unknown controller config key(s) {unknown}; allowed: {sorted(known)}")
+        return cls(**values).validate()
+
+
+@dataclasses.dataclass
+class ResponseResult:
+    """One response of the rollout. Times are on the driver's clock, seconds since the start."""
+
+    request_id: str
+    group_id: str
+    group_index: int
+    sample_index: int
+    prompt_ids: tuple[int, ...]
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: FinishReason
+    submitted_at: float
+    first_scheduled_at: float | None
+    first_token_at: float | None
+    finished_at: float
+    num_chunks: int
+    instances: list[int]  # instance of every chunk, in order (lost chunks included)
+    migrations: int
+    preemptions: int
+    reprefill_tokens: int
+    text: str | None = None
+
+    @property
+    def latency_s(self) -> float:
+        return self.finished_at - self.submitted_at
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+
+@dataclasses.dataclass
+class ControllerStats:
+    chunks: int = 0
+    migrations: int = 0
+    preemptions: int = 0
+    reprefill_tokens: int = 0
+    kv_bytes_imported: int = 0
+    kv_bytes_exported: int = 0
+    spec_proposed: int = 0
+    spec_accepted: int = 0
+    lost_instances: list[int] = dataclasses.field(default_factory=list)
+    redispatched_chunks: int = 0
+    dispatch_rounds: int = 0
+
+
+def request_seed(seed: int, group_index: int, sample_index: int) -> int:
+    """The sampling seed of one request: a hash of (seed, group index, sample index)."""
+    return int(np.random.SeedSequence([seed, group_index, sample_index]).generate_state(1)[0] >> 1)
+
+
+ProgressFn = Callable[[int, int, int, float], None]  # (responses done, total, output tokens, now)
+
+
+class Controller:
+    """Turns groups into chunks, places them on instances and collects the responses.
+
+    Drive it with `start(now)`, then repeatedly: step instances, `on_chunk_result(result, now)`
+    for every ended chunk, `dispatch(now)`; until `done`. Drivers in `seer_jax.rollout.driver`.
+    """
+
+    def __init__(
+        self,
+        groups: Sequence[Sequence[int]],
+        *,
+        group_size: int,
+        max_tokens: int,
+        instances: Sequence[Instance],
+        sampling: SamplingParams | None = None,
+        policy: str | Policy = "seer",
+        config: ControllerConfig | Mapping[str, Any] | None = None,
+        pool: KVPool | None = None,
+        group_ids: Sequence[str] | None = None,
+        oracle_lengths: Mapping[str, int] | None = None,
+        progress: ProgressFn | None = None,
+    ):
+        self.config = (
+            config.validate()
+            if isinstance(config, ControllerConfig)
+            else ControllerConfig.from_mapping(config)
+        )
+        self.policy = make_policy(policy) if isinstance(policy, str) else policy
+        if not isinstance(self.policy, Policy):
+            raise ConfigError(f"policy={policy!r} is invalid; allowed: {sorted(POLICIES)}")
+        if not isinstance(group_size, int) or group_size < 1:
+            raise ConfigError(f"group_size={group_size!r} is invalid; allowed: an integer >= 1")
+        if not isinstance(max_tokens, int) or max_tokens < 1:
+            raise ConfigError(f"max_tokens={max_tokens!r} is invalid; allowed: an integer >= 1")
+        if not instances:
+            raise ConfigError("instances=[] is invalid; allowed: at least one Instance")
+        if len(groups) == 0:
+            raise InputError("no prompts: groups is empty")
+        sampling = sampling or SamplingParams()
+        sampling.validate()
+        ids = [inst.instance_id for inst in instances]
+        if ids != list(range(len(instances))):
+            raise ConfigError(f"instance ids must be 0..{len(instances) - 1} in order, got {ids}")
+        if group_ids is None:
+            group_ids = [f"g{i}" for i in range(len(groups))]
+        if len(group_ids) != len(groups) or len(set(group_ids)) != len(group_ids):
+            raise InputError("group_ids must be unique and one per group")
+
+        self.instances = list(instances)
+        self.pool = pool
+        self.max_tokens = max_tokens
+        self.progress = progress
+        self.stats = ControllerStats()
+        self.slots: list[InstanceSlot] = []
+        for inst in self.instances:
+            ld = inst.load()
+            self.slots.append(
+                InstanceSlot(
+                    instance_id=inst.instance_id,
+                    total_pages=ld.total_kv_pages,
+                    page_size=ld.page_size,
+                    max_in_flight=self.config.max_in_flight_per_instance or None,
+                )
+            )
+        capacity = max(s.total_pages * s.page_size for s in self.slots)
+
+        self.groups: list[GroupState] = []
+        self.requests: dict[str, RequestState] = {}
+        for gi, (gid, prompt) in enumerate(zip(group_ids, groups, strict=True)):
+            prompt = tuple(int(t) for t in prompt)
+            if not prompt:
+                raise InputError(f"group {gid!r} has an empty prompt")
+            if len(prompt) + max_tokens > capacity:
+                raise InputError(
+                    f"group {gid!r}: prompt ({len(prompt)} tokens) + max_tokens ({max_tokens}) "
+                    f"exceeds the largest instance KV capacity ({capacity} tokens)"
+                )
+            g = GroupState(group_id=gid, index=gi, max_tokens=max_tokens)
+            for j in range(group_size):
+                sp = sampling
+                if self.config.per_request_seeds:
+                    sp = dataclasses.replace(sampling, seed=request_seed(sampling.seed, gi, j))
+                r = RequestState(
+                    request_id=f"{gid}/{j}",
+                    group=g,
+                    sample_index=j,
+                    prompt_ids=prompt,
+                    sampling=sp,
+                    max_tokens=max_tokens,
+                )
+                g.requests.append(r)
+                self.requests[r.request_id] = r
+            self.groups.append(g)
+        starv = self.config.starvation_pops
+        self.policy.bind(
+            self.groups,
+            {
+                "oracle_lengths": oracle_lengths,
+                "starvation_pops": None if starv < 0 else starv,
+            },
+        )
+        self.num_done = 0
+        self.output_tokens = 0
+        self.started = False
+        # instance clock value at driver time 0 (None: instance clocks are not the driver's, so
+        # instance-side timestamps are ignored); set by the driver
+        self.instance_clock_origin: float | None = 0.0
+
+    # ---- lifecycle -----------------------------------------------------------------------------
+    @property
+    def done(self) -> bool:
+        return self.num_done == len(self.requests)
+
+    @property
+    def num_requests(self) -> int:
+        return len(self.requests)
+
+    def start(self, now: float = 0.0) -> None:
+        """Put every request in the buffer (group order) and pin groups for non-divided policies."""
+        if self.started:
+            raise RuntimeError("controller already started")
+        self.started = True
+        n = len(self.slots)
+        for g in self.groups:
+            for r in g.requests:
+                r.submitted_at = now
+                if not self.policy.divided:
+                    r.pinned_instance = g.index % n
+                self.policy.push(r)
+
+    def dispatch(self, now: float) -> int:
+        """Submit chunks while instances have room; returns how many were submitted."""
+        if not self.started:
+            self.start(now)
+        self.stats.dispatch_rounds += 1
+        if not any(s.alive for s in self.slots):
+            if not self.done:
+                raise SeerError(
+                    f"all {len(self.slots)} instances are lost; "
+                    f"{self.num_requests - self.num_done} requests unfinished"
+                )
+            return 0
+        if not self.policy.divided:
+            return self._dispatch_pinned(now)
+        submitted = 0
+        held: list[RequestState] = []
+        kv_adm = self.policy.kv_admission
+        while len(self.policy) > 0:
+            if not any(s.fits(1, kv_adm) for s in self.slots if s.alive):
+                break
+            req = self.policy.pop()
+            slot = choose_instance(
+                self.slots,
+                lambda s, req=req: self._chunk_pages(req, s),
+                lambda s, req=req: self._resident(req, s),
+                self.config.balance_threshold,
+                kv_adm,
+            )
+            if slot is None or not self._submit(slot, req, now):
+                held.append(req)
+                if kv_adm:
+                    # keep room growing for it: block its pages where the most budget is free
+                    target = max(
+                        (s for s in self.slots if s.alive), key=lambda s: (s.free_pages, -s.instance_id)
+                    )
+                    target.blocked_pages += self._chunk_pages(req, target)
+                if len(held) >= self.config.dispatch_lookahead:
+                    break
+                continue
+            submitted += 1
+        for s in self.slots:
+            s.blocked_pages = 0
+        for r in held:
+            self.policy.push(r, requeue=True)
+        return submitted
+
+    def on_chunk_result(self, res: ChunkResult, now: float) -> None:
+        """Record a chunk that ended on an instance (delivered by the driver at time `now`)."""
+        req = self.requests.get(res.request_id)
+        if req is None:
+            raise SeerError(f"instance {res.instance_id} returned unknown request {res.request_id!r}")
+        if req.status != "running" or req.instance_id != res.instance_id:
+            raise SeerError(
+                f"instance {res.instance_id} returned a chunk of {res.request_id!r}, which is "
+                f"{req.status} on instance {req.instance_id}"
+            )
+        n = len(res.new_token_ids)
+        if n > req.chunk_max_new:
+            raise SeerError(
+                f"instance {res.instance_id} returned {n} tokens for {res.request_id!r}, "
+                f"chunk budget was {req.chunk_max_new}"
+            )
+        if res.new_logprobs and len(res.new_logprobs) != n:
+            raise SeerError(
+                f"{res.request_id!r}: {len(res.new_logprobs)} logprobs for {n} tokens"
+            )
+        slot = self.slots[res.instance_id]
+        slot.in_flight -= 1
+        slot.reserved_pages -= req.reserved_pages
+        req.reserved_pages = 0
+        req.output_ids.extend(int(t) for t in res.new_token_ids)
+        req.logprobs.extend(float(x) for x in res.new_logprobs)
+        req.num_chunks += 1
+        req.preemptions += res.preemptions
+        req.reprefill_tokens += res.reprefill_tokens
+        req.spec_proposed += res.spec_proposed
+        req.spec_accepted += res.spec_accepted
+        req.kv_bytes_imported += res.kv_bytes_imported
+        req.kv_bytes_exported += res.kv_bytes_exported
+        st = self.stats
+        st.chunks += 1
+        st.preemptions += res.preemptions
+        st.reprefill_tokens += res.reprefill_tokens
+        st.spec_proposed += res.spec_proposed
+        st.spec_accepted += res.spec_accepted
+        st.kv_bytes_imported += res.kv_bytes_imported
+        st.kv_bytes_exported += res.kv_bytes_exported
+        self.output_tokens += n
+        if req.first_token_at is None and n > 0:
+            first = res.first_token_at
+            if first is None or self.instance_clock_origin is None:
+                req.first_token_at = now
+            else:
+                req.first_token_at = min(now, first - self.instance_clock_origin)
+        req.last_instance = res.instance_id
+        req.instance_id = None
+        reason = res.finish_reason
+        if reason is None and req.generated >= req.max_tokens:
+            reason = "length"
+        g = req.group
+        if req.generated > g.max_generated:
+            g.max_generated = req.generated
+            g.version += 1
+        if reason is not None:
+            self._finish(req, reason, now)
+        else:
+            req.kv_handle = res.kv_handle
+            req.status = "buffer"
+            self.policy.on_chunk_end(req)
+            self.policy.push(req)
+
+    def on_instance_lost(self, instance_id: int, now: float) -> None:
+        """Mark an instance lost and put its in-flight requests back in the buffer."""
+        slot = self.slots[instance_id]
+        if not slot.alive:
+            return
+        slot.alive = False
+        self.stats.lost_instances.append(instance_id)
+        lost = [
+            r for r in self.requests.values() if r.status == "running" and r.instance_id == instance_id
+        ]
+        for r in lost:
+            r.status = "buffer"
+            r.instance_id = None
+            r.reserved_pages = 0
+            self.stats.redispatched_chunks += 1
+        slot.in_flight = 0
+        slot.reserved_pages = 0
+        if not self.policy.divided:
+            alive = least_loaded_order(self.slots)
+            if alive:
+                moved = sorted(
+                    {r.group.index for r in self.requests.values() if r.pinned_instance == instance_id}
+                )
+                for k, gi in enumerate(moved):
+                    for r in self.groups[gi].requests:
+                        r.pinned_instance = alive[k % len(alive)].instance_id
+        for r in lost:
+            self.policy.push(r)
+
+    def results(self, detokenize: Callable[[list[int]], str] | None = None) -> list[ResponseResult]:
+        """Every response, in group order then sample order (call when `done`)."""
+        if not self.done:
+            raise SeerError(f"rollout not finished: {self.num_requests - self.num_done} requests left")
+        out = []
+        for g in self.groups:
+            for r in g.requests:
+                out.append(
+                    ResponseResult(
+                        request_id=r.request_id,
+                        group_id=g.group_id,
+                        group_index=g.index,
+                        sample_index=r.sample_index,
+                        prompt_ids=r.prompt_ids,
+                        token_ids=list(r.output_ids),
+                        logprobs=list(r.logprobs),
+                        finish_reason=r.finish_reason,
+                        submitted_at=r.submitted_at,
+                        first_scheduled_at=r.first_scheduled_at,
+                        first_token_at=r.first_token_at,
+                        finished_at=r.finished_at,
+                        num_chunks=r.num_chunks,
+                        instances=list(r.instances_visited),
+                        migrations=r.migrations,
+                        preemptions=r.preemptions,
+                        reprefill_tokens=r.reprefill_tokens,
+                        text=detokenize(list(r.output_ids)) if detokenize else None,
+                    )
+                )
+        return out
+
+    # ---- internals -----------------------------------------------------------------------------
+    def _chunk_budget(self, req: RequestState) -> int:
+        if self.policy.divided:
+            return min(self.config.chunk_size, req.remaining)
+        return req.remaining
+
+    def _chunk_pages(self, req: RequestState, slot: InstanceSlot) -> int:
+        return slot.pages_for(len(req.prompt_ids) + req.generated + self._chunk_budget(req))
+
+    def _resident(self, req: RequestState, slot: InstanceSlot) -> int:
+        return self.instances[slot.instance_id].resident_tokens(req.request_id, req.group_id)
+
+    def _submit(self, slot: InstanceSlot, req: RequestState, now: float) -> bool:
+        budget = self._chunk_budget(req)
+        chunk = ChunkRequest(
+            request_id=req.request_id,
+            group_id=req.group_id,
+            prompt_ids=req.prompt_ids,
+            output_ids=tuple(req.output_ids),
+            max_new_tokens=budget,
+            original_max_tokens=req.max_tokens,
+            sampling=req.sampling,
+            kv_handle=req.kv_handle,
+            priority=self.policy.priority(req),
+        )
+        inst = self.instances[slot.instance_id]
+        try:
+            if not inst.has_work() and inst.now() < now:
+                inst.set_now(now)
+            inst.submit(chunk)
+        except InstanceLostError:
+            self.on_instance_lost(slot.instance_id, now)
+            return False
+        pages = self._chunk_pages(req, slot) if self.policy.kv_admission else 0
+        slot.in_flight += 1
+        slot.reserved_pages += pages
+        req.reserved_pages = pages
+        req.chunk_max_new = budget
+        req.status = "running"
+        req.instance_id = slot.instance_id
+        if req.first_scheduled_at is None:
+            req.first_scheduled_at = now
+        if req.last_instance is not None and req.last_instance != slot.instance_id:
+            req.migrations += 1
+            self.stats.migrations += 1
+        req.instances_visited.append(slot.instance_id)
+        return True
+
+    def _dispatch_pinned(self, now: float) -> int:
+        submitted = 0
+        held = []
+        while len(self.policy) > 0:
+            req = self.policy.pop()
+            slot = self.slots[req.pinned_instance]
+            if not slot.alive or not self._submit(slot, req, now):
+                held.append(req)
+                continue
+            submitted += 1
+        for r in held:
+            self.policy.push(r, requeue=True)
+        return submitted
+
+    def _finish(self, req: RequestState, reason: FinishReason, now: float) -> None:
+        req.status = "done"
+        req.finish_reason = reason
+        req.finished_at = now
+        req.kv_handle = None
+        if self.pool is not None:
+            self.pool.delete(req.request_id)
+        g = req.group
+        g.num_finished += 1
+        g.finished_max_len = (
+            req.generated if g.finished_max_len is None else max(g.finished_max_len, req.generated)
+        )
+        g.version += 1
+        self.policy.on_request_finished(req)
+        self.num_done += 1
+        if self.progress is not None:
+            self.progress(self.num_done, self.num_requests, self.output_tokens, now)
+
+
+@dataclasses.dataclass
+class RolloutOutput:
+    results: list[ResponseResult]
+    report: RolloutReport
+
+
+def rollout(
+    groups: Sequence[Sequence[int]],
+    *,
+    group_size: int,
+    max_tokens: int,
+    instances: Sequence[Instance],
+    sampling: SamplingParams | None = None,
+    policy: str | Policy = "seer",
+    config: ControllerConfig | Mapping[str, Any] | None = None,
+    pool: KVPool | None = None,
+    clock: str = "emulated",
+    wall_clock: Callable[[], float] | None = None,
+    group_ids: Sequence[str] | None = None,
+    oracle_lengths: Mapping[str, int] | None = None,
+    progress: ProgressFn | None = None,
+    detokenize: Callable[[list[int]], str] | None = None,
+) -> RolloutOutput:
+    """Run one synchronous rollout: every group's prompt sampled `group_size` times.
+
+    groups: prompt token ids, one sequence per group. instances: `Instance`s with ids 0..N-1
+    (they must share `pool` for KV moves between chunks). policy: one of `POLICIES`.
+    clock: "emulated" (`EmulatedClusterDriver`, per-instance virtual clocks) or "wall"
+    (`WallClockDriver`, `wall_clock` defaults to time.perf_counter).
+    oracle_lengths: request_id ("<group_id>/<sample_index>") -> true length, for `oracle_lfs`.
+    Returns every response (group order, then sample order) and the rollout report.
+    """
+    from seer_jax.rollout.driver import make_driver
+    from seer_jax.rollout.report import build_report
+
+    ctl = Controller(
+        groups,
+        group_size=group_size,
+        max_tokens=max_tokens,
+        instances=instances,
+        sampling=sampling,
+        policy=policy,
+        config=config,
+        pool=pool,
+        group_ids=group_ids,
+        oracle_lengths=oracle_lengths,
+        progress=progress,
+    )
+    driver = make_driver(clock, ctl, wall_clock=wall_clock)
+    driver.run()
+    results = ctl.results(detokenize)
+    report = build_report(results, ctl, driver, pool=pool)
+    return RolloutOutput(results=results, report=report)

@@ -1,0 +1,178 @@
+"""Drivers: the clock worlds that step instances and feed the controller (DESIGN.md §3).
+
+The controller never reads a clock; a driver owns time:
+
+- `EmulatedClusterDriver`: N instances (real engines on one host, or simulated ones), each on its
+  own virtual clock advanced by its steps' durations (measured or modelled). Discrete-event loop:
+  always step the instance with the smallest clock that has work; the chunks it finished are
+  events at its new clock; an event is delivered to the controller (then the controller
+  dispatches) once no busy instance's clock is behind it, so the controller sees the cluster in
+  time order. An idle instance given work at time t is moved forward to t (`set_now`).
+  This is how one 2-core machine reports what N accelerators would do.
+- `WallClockDriver`: real time from an injected `clock` (default `time.perf_counter`); steps the
+  instances with work in turn and delivers their chunks at the current time.
+
+Both record per-instance busy time (sum of step durations), step counts and the last time each
+instance was busy, for the report. Times given to the controller are seconds since `run()` began.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import heapq
+import time
+from collections.abc import Callable
+
+from seer_jax.errors import ConfigError, SeerError
+from seer_jax.rollout.controller import Controller, InstanceLostError
+from seer_jax.rollout.types import ChunkResult
+
+
+@dataclasses.dataclass
+class InstanceTimeline:
+    instance_id: int
+    busy_s: float = 0.0
+    steps: int = 0
+    tokens: int = 0
+    last_busy_at: float = 0.0
+    lost_at: float | None = None
+
+
+class _DriverBase:
+    def __init__(self, controller: Controller):
+        self.ctl = controller
+        self.timelines = [InstanceTimeline(i) for i in range(len(controller.instances))]
+        self.start_time = 0.0
+        self.end_time = 0.0
+
+    @property
+    def elapsed_s(self) -> float:
+        return self.end_time - self.start_time
+
+    def _stalled(self) -> SeerError:
+        left = self.ctl.num_requests - self.ctl.num_done
+        return SeerError(
+            f"rollout stalled: {left} requests unfinished, no instance has work and none could be "
+            "placed (check instance KV capacity against prompt + max_tokens)"
+        )
+
+
+class EmulatedClusterDriver(_DriverBase):
+    """Per-instance virtual clocks; see the module docstring."""
+
+    def run(self) -> None:
+        ctl = self.ctl
+        insts = ctl.instances
+        self.start_time = 0.0
+        t0 = min(inst.now() for inst in insts)
+        for inst in insts:
+            inst.set_now(t0)
+        origin = t0
+        ctl.instance_clock_origin = origin
+        alive = [True] * len(insts)
+        pending: list[tuple[float, int, int, list[ChunkResult]]] = []  # (time, seq, iid, results)
+        seq = 0
+        ctl.start(0.0)
+        ctl.dispatch(0.0)
+        while not ctl.done:
+            busy = [i for i, inst in enumerate(insts) if alive[i] and insts[i].has_work()]
+            t_step = min((insts[i].now() for i in busy), default=float("inf"))
+            t_event = pending[0][0] if pending else float("inf")
+            if t_event == float("inf") and t_step == float("inf"):
+                if ctl.dispatch(self.end_time) == 0:
+                    raise self._stalled()
+                continue
+            if t_event <= t_step:
+                now = t_event
+                while pending and pending[0][0] == now:
+                    _, _, iid, results = heapq.heappop(pending)
+                    if not alive[iid]:
+                        continue
+                    for res in results:
+                        ctl.on_chunk_result(res, now - origin)
+                ctl.dispatch(now - origin)
+                self.end_time = max(self.end_time, now - origin)
+                continue
+            i = min(busy, key=lambda k: (insts[k].now(), k))
+            inst = insts[i]
+            try:
+                rep = inst.step()
+            except InstanceLostError:
+                alive[i] = False
+                now = inst.now()
+                self.timelines[i].lost_at = now - origin
+                ctl.on_instance_lost(i, now - origin)
+                ctl.dispatch(now - origin)
+                continue
+            tl = self.timelines[i]
+            tl.busy_s += rep.duration_s
+            tl.steps += 1
+            tl.tokens += rep.num_tokens
+            t_end = inst.now()
+            tl.last_busy_at = t_end - origin
+            self.end_time = max(self.end_time, t_end - origin)
+            if rep.finished:
+                seq += 1
+                heapq.heappush(pending, (t_end, seq, i, rep.finished))
+            # a lost flag set without raising
+            if getattr(inst, "lost", False) and alive[i]:
+                alive[i] = False
+                tl.lost_at = t_end - origin
+                ctl.on_instance_lost(i, t_end - origin)
+        self.end_time = max(
+            [self.end_time] + [r.finished_at for r in ctl.requests.values() if r.finished_at]
+        )
+
+
+class WallClockDriver(_DriverBase):
+    """Real time: instances stepped in turn on this thread; results delivered immediately."""
+
+    def __init__(self, controller: Controller, clock: Callable[[], float] | None = None):
+        super().__init__(controller)
+        self.clock = clock or time.perf_counter
+
+    def run(self) -> None:
+        ctl = self.ctl
+        insts = ctl.instances
+        origin = self.clock()
+        ctl.instance_clock_origin = None
+        alive = [True] * len(insts)
+        ctl.start(0.0)
+        ctl.dispatch(0.0)
+        while not ctl.done:
+            stepped = False
+            for i, inst in enumerate(insts):
+                if not alive[i] or not inst.has_work():
+                    continue
+                stepped = True
+                try:
+                    rep = inst.step()
+                except InstanceLostError:
+                    alive[i] = False
+                    now = self.clock() - origin
+                    self.timelines[i].lost_at = now
+                    ctl.on_instance_lost(i, now)
+                    ctl.dispatch(now)
+                    continue
+                now = self.clock() - origin
+                tl = self.timelines[i]
+                tl.busy_s += rep.duration_s
+                tl.steps += 1
+                tl.tokens += rep.num_tokens
+                tl.last_busy_at = now
+                for res in rep.finished:
+                    ctl.on_chunk_result(res, now)
+                ctl.dispatch(now)
+            if not stepped and not ctl.done and ctl.dispatch(self.clock() - origin) == 0:
+                raise self._stalled()
+        self.end_time = self.clock() - origin
+
+
+def make_driver(
+    clock: str, controller: Controller, wall_clock: Callable[[], float] | None = None
+) -> EmulatedClusterDriver | WallClockDriver:
+    if clock == "emulated":
+        return EmulatedClusterDriver(controller)
+    if clock == "wall":
+        return WallClockDriver(controller, wall_clock)
+    raise ConfigError(f"clock={clock!r} is unknown; allowed: ['emulated', 'wall']")

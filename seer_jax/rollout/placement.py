@@ -1,0 +1,79 @@
+"""Placement: which instance runs a request's next chunk (DESIGN.md §2.1).
+
+Rule (Seer paper §4.2):
+- *balanced* (max - min in-flight chunks across live instances <= `balance_threshold`): prefer
+  the instance holding the most of the request's context (its own KV pages, else its group's
+  prompt): `resident_tokens`; ties -> fewer in flight -> lower id;
+- *unbalanced* (spread > threshold): the instance with the fewest chunks in flight; ties -> more
+  resident tokens -> lower id.
+Only instances with room are candidates (`InstanceSlot.fits`): under KV-budget admission the
+pages reserved for chunks already there plus this chunk's worst case (context + chunk budget)
+must fit in the instance's KV pages, and the optional in-flight cap must not be reached.
+Backfill without starvation: when a request fits nowhere, the controller blocks its pages on the
+live instance with the most free budget for the rest of the dispatch round (`blocked_pages`), so
+lower-priority requests fill other holes but cannot keep a large request (a late chunk with a long
+context) out forever.
+When the chosen instance lacks the request's KV the chunk carries its pool handle, so the
+instance pulls the KV from the pool (re-prefill only if the pool evicted it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+
+
+@dataclasses.dataclass
+class InstanceSlot:
+    """The controller's view of one instance for placement."""
+
+    instance_id: int
+    total_pages: int
+    page_size: int
+    in_flight: int = 0
+    reserved_pages: int = 0
+    alive: bool = True
+    max_in_flight: int | None = None
+    blocked_pages: int = 0  # held back this dispatch round for a higher-priority request
+
+    @property
+    def free_pages(self) -> int:
+        return self.total_pages - self.reserved_pages - self.blocked_pages
+
+    def fits(self, pages: int, kv_admission: bool = True) -> bool:
+        if not self.alive:
+            return False
+        if self.max_in_flight is not None and self.in_flight >= self.max_in_flight:
+            return False
+        return not kv_admission or pages <= self.free_pages
+
+    def pages_for(self, tokens: int) -> int:
+        return -(-tokens // self.page_size)
+
+
+def choose_instance(
+    slots: Sequence[InstanceSlot],
+    pages_needed: Callable[[InstanceSlot], int],
+    resident_tokens: Callable[[InstanceSlot], int],
+    balance_threshold: int,
+    kv_admission: bool = True,
+) -> InstanceSlot | None:
+    """The slot to run a chunk on, or None when no live instance has room for it now."""
+    alive = [s for s in slots if s.alive]
+    if not alive:
+        return None
+    flights = [s.in_flight for s in alive]
+    balanced = max(flights) - min(flights) <= balance_threshold
+    candidates = [s for s in alive if s.fits(pages_needed(s), kv_admission)]
+    if not candidates:
+        return None
+    if len(candidates) == 1:
+        return candidates[0]
+    if balanced:
+        return min(candidates, key=lambda s: (-resident_tokens(s), s.in_flight, s.instance_id))
+    return min(candidates, key=lambda s: (s.in_flight, -resident_tokens(s), s.instance_id))
+
+
+def least_loaded_order(slots: Sequence[InstanceSlot]) -> list[InstanceSlot]:
+    """Live slots ordered by in-flight chunks, then id (used to re-pin a lost instance's groups)."""
+    return sorted((s for s in slots if s.alive), key=lambda s: (s.in_flight, s.instance_id))

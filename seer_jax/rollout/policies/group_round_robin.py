@@ -1,0 +1,28 @@
+"""`group_round_robin`: the veRL baseline (DESIGN.md §1).
+
+Whole groups are pinned to instances in turn (group i -> i-th live instance modulo their number),
+requests are not chunked (one chunk of the whole original max_tokens) and everything is submitted
+at once: each instance's own continuous-batching scheduler admits what fits, overcommits KV as
+sequences grow and preempts. The controller does the pinning (`divided = False`); this class only
+keeps the buffer first-come-first-served (it matters only after an instance is lost).
+"""
+
+from __future__ import annotations
+
+from seer_jax.rollout.policies.base import LazyHeap, Policy, RequestState
+
+
+class GroupRoundRobinPolicy(Policy):
+    name = "group_round_robin"
+    divided = False
+    kv_admission = False
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._heap = LazyHeap()
+
+    def _push(self, req: RequestState) -> None:
+        self._heap.push((req.enqueue_seq,), req)
+
+    def _pop(self) -> RequestState | None:
+        return self._heap.peek(lambda r, t, _: self._live(r, t))

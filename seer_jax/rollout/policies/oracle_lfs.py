@@ -1,0 +1,48 @@
+"""`oracle_lfs`: longest-first with true lengths (the paper's oracle upper bound, DESIGN.md §2.2).
+
+Knows every request's true output length (from a previous run or a trace: `oracle_lengths`,
+request_id -> tokens) and picks the request with the most remaining tokens first
+(min(true length, max_tokens) - generated); ties first-come-first-served.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from seer_jax.errors import ConfigError
+from seer_jax.rollout.policies.base import GroupState, LazyHeap, Policy, RequestState
+
+
+class OracleLFSPolicy(Policy):
+    name = "oracle_lfs"
+    divided = True
+    kv_admission = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._heap = LazyHeap()
+        self._true: dict[str, int] = {}
+
+    def bind(self, groups: Sequence[GroupState], options: dict[str, Any]) -> None:
+        super().bind(groups, options)
+        lengths: Mapping[str, int] | None = options.get("oracle_lengths")
+        if lengths is None:
+            raise ConfigError(
+                "policy 'oracle_lfs' needs oracle_lengths (request_id -> true output length, from "
+                "a previous run or a trace); got None"
+            )
+        missing = [r.request_id for r in self.requests if r.request_id not in lengths]
+        if missing:
+            raise ConfigError(
+                f"oracle_lengths has no length for {len(missing)} request(s), e.g. {missing[:3]}; "
+                "request ids are '<group_id>/<sample_index>'"
+            )
+        self._true = {r.request_id: min(int(lengths[r.request_id]), r.max_tokens) for r in self.requests}
+
+    def _push(self, req: RequestState) -> None:
+        remaining = self._true[req.request_id] - req.generated
+        self._heap.push((-remaining, req.enqueue_seq), req)
+
+    def _pop(self) -> RequestState | None:
+        return self._heap.peek(lambda r, t, _: self._live(r, t))
