@@ -1,6 +1,12 @@
 """Model-free drafting for speculative decoding: group suffix contexts, the draft service and the
 adaptive speculation budget."""
 
+from seer_jax.rollout.drafting.budget import (
+    AcceptanceStats,
+    BudgetConfig,
+    BudgetPlan,
+    SpeculationBudget,
+)
 from seer_jax.rollout.drafting.context import DRAFT_MODES, DraftConfig, GroupDraftContext
 from seer_jax.rollout.drafting.draft import Draft, build_draft
 from seer_jax.rollout.drafting.service import (
@@ -14,6 +20,10 @@ from seer_jax.rollout.drafting.service import (
 from seer_jax.rollout.drafting.suffix_automaton import SuffixAutomaton
 
 __all__ = [
+    "AcceptanceStats",
+    "BudgetConfig",
+    "BudgetPlan",
+    "SpeculationBudget",
     "DRAFT_MODES",
     "Draft",
     "DraftAppend",

@@ -71,6 +71,19 @@ class Draft:
         n = max(int(num_nodes), 0)
         return Draft(self.tokens[:n], self.parents[:n], self.probs[:n], self.match_len)
 
+    def select(self, keep: np.ndarray) -> Draft:
+        """The nodes where `keep` (bool [n]) is set, parents re-indexed. Every kept node's parent
+        must be kept too (ValueError otherwise)."""
+        keep = np.asarray(keep, bool)
+        if keep.all():
+            return self
+        new_index = np.cumsum(keep, dtype=np.int32) - 1
+        par = self.parents[keep]
+        if np.any(par >= 0) and not keep[par[par >= 0]].all():
+            raise ValueError("select: a kept node's parent was dropped")
+        new_par = np.where(par >= 0, new_index[np.maximum(par, 0)], -1).astype(np.int32)
+        return Draft(self.tokens[keep], new_par, self.probs[keep], self.match_len)
+
     def path_to(self, node: int) -> list[int]:
         """Tokens from the root to `node` inclusive."""
         out = []
