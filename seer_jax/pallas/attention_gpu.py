@@ -54,7 +54,9 @@ def _kernel(
     split = pl.program_id(2)
     rows, head_dim = q_ref.shape
     kv_blk = pages_per_block * page_size
-    q = q_ref[...].astype(jnp.float32) * sm_scale
+    # f32 caches use full-precision dots (no TF32); bf16 caches bf16 dots with f32 accumulation.
+    exact_f32 = False if k_ref.dtype == jnp.float32 else None
+    q = (q_ref[...].astype(jnp.float32) * sm_scale).astype(k_ref.dtype)
     row_seq = meta_ref[:, 0]
     row_qpos = meta_ref[:, 1]
     row_vis = meta_ref[:, 2]
@@ -77,12 +79,12 @@ def _kernel(
         def per_kv_block(kb, c):
             o, m, den = c
             pages = pages_ref[seq, pl.ds(kb * pages_per_block, pages_per_block)]
-            k = k_ref[pages].reshape(kv_blk, head_dim).astype(jnp.float32)
-            v = v_ref[pages].reshape(kv_blk, head_dim).astype(jnp.float32)
+            k = k_ref[pages].reshape(kv_blk, head_dim)
+            v = v_ref[pages].reshape(kv_blk, head_dim)
             kpos = kb * kv_blk + jnp.arange(kv_blk, dtype=jnp.int32)
             k_ok = kpos < kv_end
-            v = jnp.where(k_ok[:, None], v, 0.0)
-            s = pl.dot(q, k, trans_b=True)  # [rows, kv_blk]
+            v = jnp.where(k_ok[:, None], v, jnp.zeros_like(v))
+            s = pltriton.dot(q, k, trans_b=True, allow_tf32=exact_f32)  # [rows, kv_blk] f32
             vis = kpos[None, :] < row_vis[:, None]
             if has_tree:
                 back = row_qpos[:, None] - kpos[None, :]
@@ -94,7 +96,7 @@ def _kernel(
             p = jnp.where(mask, jnp.exp(s - m_new[:, None]), 0.0)
             alpha = jnp.exp(m - m_new)
             den = alpha * den + jnp.sum(p, axis=1)
-            o = alpha[:, None] * o + pl.dot(p, v)
+            o = alpha[:, None] * o + pltriton.dot(p.astype(v.dtype), v, allow_tf32=exact_f32)
             return o, m_new, den
 
         return jax.lax.fori_loop(kb_lo, kb_hi, per_kv_block, carry)

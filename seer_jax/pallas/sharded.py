@@ -1,0 +1,102 @@
+"""Tensor-parallel wrappers: the kernels under `shard_map`, heads split over a mesh axis.
+
+Query heads are split over `axis`; K/V heads too. When there are fewer KV heads than shards the
+cache must hold each KV head repeated `tp // num_kv_heads` times (`repeat_kv_heads_for_tp`; the
+engine should allocate the cache that way once, the wrappers repeat on the fly otherwise).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import Mesh
+from jax.sharding import PartitionSpec as P
+
+from seer_jax.errors import InputError
+from seer_jax.pallas.attention import ragged_paged_attention
+from seer_jax.pallas.kv_write import write_kv
+
+
+def kv_heads_for_tp(num_kv_heads: int, tp: int) -> int:
+    """KV heads the cache holds under tp shards: num_kv_heads, or tp when that is larger."""
+    if num_kv_heads >= tp:
+        if num_kv_heads % tp:
+            raise InputError(f"num_kv_heads={num_kv_heads} is not divisible by tp={tp}")
+        return num_kv_heads
+    if tp % num_kv_heads:
+        raise InputError(f"tp={tp} is not a multiple of num_kv_heads={num_kv_heads}")
+    return tp
+
+
+def repeat_kv_heads_for_tp(x: jax.Array, tp: int, axis: int = 0) -> jax.Array:
+    """Repeat the KV-head axis of x so it splits evenly over tp shards."""
+    n = x.shape[axis]
+    return jnp.repeat(x, kv_heads_for_tp(n, tp) // n, axis=axis)
+
+
+def _tp(mesh: Mesh, axis: str) -> int:
+    if axis not in mesh.shape:
+        raise InputError(f"mesh has no axis {axis!r} (axes: {tuple(mesh.shape)})")
+    return mesh.shape[axis]
+
+
+def sharded_ragged_paged_attention(
+    mesh: Mesh,
+    q: jax.Array,
+    k_pages: jax.Array,
+    v_pages: jax.Array,
+    kv_lens: jax.Array,
+    page_indices: jax.Array,
+    cu_q_lens: jax.Array,
+    num_seqs: jax.Array,
+    *,
+    axis: str = "tp",
+    tree_parents: jax.Array | None = None,
+    **kwargs,
+) -> jax.Array:
+    """`ragged_paged_attention` with heads split over mesh axis `axis`; same result as unsharded.
+
+    q: [T, Hq, D] (Hq divisible by tp); k/v pages: [Hkv or kv_heads_for_tp(Hkv, tp), ...].
+    kwargs go to `ragged_paged_attention` (impl, interpret, sm_scale, block sizes, ...).
+    """
+    tp = _tp(mesh, axis)
+    num_q_heads = q.shape[1]
+    if num_q_heads % tp:
+        raise InputError(f"num_q_heads={num_q_heads} is not divisible by tp={tp}")
+    if k_pages.shape[0] < tp:
+        k_pages = repeat_kv_heads_for_tp(k_pages, tp)
+        v_pages = repeat_kv_heads_for_tp(v_pages, tp)
+    kv_heads_for_tp(k_pages.shape[0], tp)
+    if num_q_heads % k_pages.shape[0]:
+        raise InputError(f"num_q_heads={num_q_heads} is not a multiple of the cache's "
+                         f"{k_pages.shape[0]} KV heads")
+    heads = P(None, axis, None)
+    kv = P(axis, None, None, None)
+    rep = P()
+    fn = functools.partial(ragged_paged_attention, **kwargs)
+    if tree_parents is None:
+        body = lambda q, k, v, a, b, c, d: fn(q, k, v, a, b, c, d)
+        extra, specs = (), ()
+    else:
+        body = lambda q, k, v, a, b, c, d, t: fn(q, k, v, a, b, c, d, tree_parents=t)
+        extra, specs = (tree_parents,), (rep,)
+    return jax.shard_map(
+        body, mesh=mesh,
+        in_specs=(heads, kv, kv, rep, rep, rep, rep) + specs,
+        out_specs=heads, check_vma=False,
+    )(q, k_pages, v_pages, kv_lens, page_indices, cu_q_lens, jnp.asarray(num_seqs), *extra)
+
+
+def sharded_write_kv(
+    mesh: Mesh, k_pages, v_pages, new_k, new_v, slot_mapping, *, axis: str = "tp", **kwargs
+):
+    """`write_kv` with KV heads split over `axis` (new_k/new_v: [T, Hkv_cache, D])."""
+    _tp(mesh, axis)
+    kv = P(axis, None, None, None)
+    new = P(None, axis, None)
+    return jax.shard_map(
+        functools.partial(write_kv, **kwargs), mesh=mesh,
+        in_specs=(kv, kv, new, new, P()), out_specs=(kv, kv), check_vma=False,
+    )(k_pages, v_pages, new_k, new_v, slot_mapping)

@@ -1,0 +1,124 @@
+"""TPU (simulator) and GPU (interpret=True) kernels vs the jnp reference; KV writes; shard_map."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import Mesh
+
+from seer_jax.errors import InputError
+from seer_jax.pallas import ragged_paged_attention, write_kv
+from seer_jax.pallas.sharded import sharded_ragged_paged_attention, sharded_write_kv
+from seer_jax.pallas.testing import make_batch
+
+MIXED = [(1, 1328), (5, 18), (129, 463), (1, 17), (9, 64)]
+TREE = [-1, 0, 0, 1, 2, 2, 4, -1, 7]  # two roots, branches; 9 verify tokens
+
+
+def _call(b, impl, **kw):
+    args = [jnp.asarray(a) for a in b.args()]
+    tp = None if b.tree_parents is None else jnp.asarray(b.tree_parents)
+    return np.asarray(ragged_paged_attention(*args, tree_parents=tp, impl=impl, **kw)
+                      ).astype(np.float32)
+
+
+def _check(b, impl, tol, **kw):
+    ref = _call(b, "reference")
+    out = _call(b, impl, interpret=True, **kw)
+    assert np.isfinite(out).all()
+    np.testing.assert_allclose(out, ref, atol=tol, rtol=0)
+    live = int(b.cu_q_lens[int(b.num_seqs)])
+    assert np.all(out[live:] == 0)
+
+
+@pytest.mark.parametrize(
+    "seqs,page_size,hq,hkv,d,trees,splits",
+    [
+        (MIXED, 16, 9, 3, 64, {4: TREE}, None),  # SmolLM2 heads, mixed batch + tree
+        (MIXED, 32, 4, 4, 128, None, 1),  # GQA 1, head_dim 128, page 32
+        (MIXED, 16, 8, 2, 128, {1: [-1, 0, 0, 1, 1]}, 2),  # GQA 4
+        ([(1, 70), (1, 33), (1, 5), (1, 128)], 32, 6, 2, 64, None, 4),  # decode, split-K
+        ([(37, 37), (64, 80)], 16, 3, 1, 64, None, None),  # prefill only, GQA 3
+    ],
+)
+def test_gpu_kernel_matches_reference(seqs, page_size, hq, hkv, d, trees, splits):
+    n_tok = sum(q for q, _ in seqs) + 5
+    b = make_batch(seqs, num_q_heads=hq, num_kv_heads=hkv, head_dim=d, page_size=page_size,
+                   max_seqs=len(seqs) + 2, num_tokens=n_tok, trees=trees, seed=len(seqs))
+    _check(b, "gpu", 2e-5, num_kv_splits=splits)
+
+
+def test_gpu_kernel_bf16():
+    b = make_batch([(1, 300), (9, 40), (20, 20)], num_q_heads=8, num_kv_heads=2, head_dim=64,
+                   page_size=16, max_seqs=4, dtype=jnp.bfloat16, trees={1: TREE})
+    _check(b, "gpu", 2e-2)
+
+
+@pytest.mark.parametrize(
+    "seqs,page_size,hq,hkv,trees",
+    [
+        ([(1, 40), (5, 18), (9, 30)], 16, 6, 2, {2: TREE}),  # decode + verify tree + chain
+        ([(3, 70), (1, 9)], 32, 4, 4, None),  # GQA 1, page 32, several KV blocks
+    ],
+)
+def test_tpu_kernel_matches_reference_in_simulator(seqs, page_size, hq, hkv, trees):
+    b = make_batch(seqs, num_q_heads=hq, num_kv_heads=hkv, head_dim=64, page_size=page_size,
+                   max_seqs=len(seqs) + 1, num_tokens=sum(q for q, _ in seqs) + 3, trees=trees)
+    _check(b, "tpu", 2e-5, block_q=4, pages_per_block=1)
+
+
+def test_tree_beyond_kernel_window_is_nan_not_wrong():
+    # Two roots; nodes 2..37 chain below node 1, so node 33+ has node 1 (an ancestor that is not
+    # on the leading chain) more than 31 tokens back: the kernels cannot encode it.
+    par = [-1, -1] + list(range(1, 37))
+    b = make_batch([(38, 40)], num_q_heads=2, num_kv_heads=1, head_dim=16, page_size=16,
+                   trees={0: par})
+    out = _call(b, "gpu", interpret=True, pages_per_block=4)
+    ref = _call(b, "reference")
+    assert np.isnan(out[33:]).all() and np.isfinite(ref).all()
+    np.testing.assert_allclose(out[:33], ref[:33], atol=2e-5, rtol=0)
+
+
+@pytest.mark.parametrize("impl", ["tpu", "gpu"])
+def test_kernels_reject_unsupported_head_dim(impl):
+    b = make_batch([(2, 20)], num_q_heads=2, num_kv_heads=1, head_dim=80, page_size=16)
+    with pytest.raises(InputError, match="head_dim"):
+        _call(b, impl, interpret=True)
+
+
+@pytest.mark.parametrize("impl", ["tpu", "gpu"])
+def test_write_kv_kernels_match_reference(impl):
+    rng = np.random.default_rng(3)
+    k = jnp.asarray(rng.normal(size=(3, 6, 16, 64)), jnp.float32)
+    v = jnp.asarray(rng.normal(size=(3, 6, 16, 64)), jnp.float32)
+    nk = jnp.asarray(rng.normal(size=(5, 3, 64)), jnp.float32)
+    slots = jnp.array([3, -1, 17, 95, 40], jnp.int32)
+    want = write_kv(k, v, nk, -nk, slots, impl="reference")
+    fn = jax.jit(lambda *a: write_kv(*a, impl=impl, interpret=True), donate_argnums=(0, 1))
+    got = fn(jnp.array(k), jnp.array(v), nk, -nk, slots)
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
+
+
+@pytest.mark.parametrize("tp,hkv,impl", [(2, 2, "reference"), (4, 2, "reference"),
+                                         (4, 4, "gpu"), (2, 1, "gpu")])
+def test_sharded_wrapper_equals_unsharded(tp, hkv, impl):
+    mesh = Mesh(np.array(jax.devices()[:tp]), ("tp",))
+    b = make_batch([(1, 50), (6, 30), (3, 3)], num_q_heads=8, num_kv_heads=hkv, head_dim=64,
+                   page_size=16, max_seqs=4, num_tokens=12, trees={1: [-1, 0, 0, 1, 2, 2]})
+    args = [jnp.asarray(a) for a in b.args()]
+    tree = jnp.asarray(b.tree_parents)
+    want = ragged_paged_attention(*args, tree_parents=tree, impl="reference")
+    got = jax.jit(lambda *a: sharded_ragged_paged_attention(
+        mesh, *a, tree_parents=tree, impl=impl, interpret=True))(*args)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=2e-5, rtol=0)
+
+
+def test_sharded_write_kv_equals_unsharded():
+    mesh = Mesh(np.array(jax.devices()[:2]), ("tp",))
+    k = jnp.zeros((4, 3, 8, 16))
+    new = jnp.arange(3 * 4 * 16, dtype=jnp.float32).reshape(3, 4, 16)
+    slots = jnp.array([1, 9, -1], jnp.int32)
+    got = sharded_write_kv(mesh, k, k, new, new, slots, impl="reference")
+    want = write_kv(k, k, new, new, slots, impl="reference")
+    np.testing.assert_array_equal(np.asarray(got[0]), np.asarray(want[0]))
