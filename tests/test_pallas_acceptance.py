@@ -76,3 +76,91 @@ def test_bad_shapes_raise():
                           jnp.zeros(2, jnp.int32), jnp.zeros((2, 3, 5)), jnp.zeros(2),
                           jnp.ones(2), jnp.zeros(2, jnp.int32),
                           jax.random.split(jax.random.key(0), 2))
+
+
+def _np_filtered_probs(logits, temperature, top_p, top_k):
+    """Independent NumPy version of the sampling distribution (temperature, top-k, top-p)."""
+    z = logits.astype(np.float64) / temperature
+    order = np.argsort(-z, kind="stable")
+    keep = np.zeros(z.shape, bool)
+    keep[order[:top_k]] = True
+    p = np.where(keep, np.exp(z - z.max()), 0.0)
+    p /= p.sum()
+    cum = 0.0
+    keep2 = np.zeros(z.shape, bool)
+    for i in order[:top_k]:
+        if cum < top_p:
+            keep2[i] = True
+        cum += p[i]
+    p = np.where(keep2, p, 0.0)
+    return p / p.sum()
+
+
+def _sample_many(tokens, parents, logits, n, temperature=0.7, top_p=0.9, top_k=4, seed=0):
+    s = n
+    res = accept_draft_tree(
+        jnp.broadcast_to(jnp.asarray(tokens, jnp.int32), (s, len(tokens))),
+        jnp.broadcast_to(jnp.asarray(parents, jnp.int32), (s, len(tokens))),
+        jnp.full((s,), len(tokens), jnp.int32),
+        jnp.broadcast_to(jnp.asarray(logits, jnp.float32), (s,) + logits.shape),
+        jnp.full((s,), temperature), jnp.full((s,), top_p), jnp.full((s,), top_k, jnp.int32),
+        jax.random.split(jax.random.key(seed), s),
+    )
+    return jax.tree.map(np.asarray, res)
+
+
+def _chi2_ok(counts, probs):
+    from scipy.stats import chisquare
+
+    support = probs > 0
+    assert counts[~support].sum() == 0, "emitted a token the target cannot produce"
+    exp = probs[support] * counts.sum()
+    assert exp.min() >= 5, "test needs more samples"
+    return chisquare(counts[support], exp).pvalue
+
+
+def _logits(rng, n_pos, vocab):
+    return rng.normal(scale=1.5, size=(n_pos, vocab)).astype(np.float32)
+
+
+@pytest.mark.parametrize(
+    "tokens,parents,follow",
+    [
+        ([2, 0, 3], [-1, 0, 1], 0),  # chain: condition on accepting node 0, then its child
+        ([2, 1, 2, 4, 0], [-1, -1, -1, 1, 1], 1),  # tree: dup sibling, branch under node 1
+    ],
+)
+def test_sampling_is_lossless_chi_square(tokens, parents, follow):
+    """Emitted tokens ~ target: first token ~ p(root); after accepting `follow`, the next token
+    ~ p(follow); logprobs are the target's."""
+    rng = np.random.default_rng(7)
+    vocab, n = 6, 40000
+    logits = _logits(rng, len(tokens) + 1, vocab)
+    # Make the drafts plausible so acceptance happens often.
+    logits[0, tokens[0]] += 1.0
+    logits[0, tokens[1]] += 0.7
+    res = _sample_many(tokens, parents, logits, n)
+    probs = [_np_filtered_probs(logits[i], 0.7, 0.9, 4) for i in range(len(tokens) + 1)]
+    first = res.tokens[:, 0]
+    assert _chi2_ok(np.bincount(first, minlength=vocab), probs[0]) > 1e-3
+    sel = res.num_accepted >= 1
+    sel &= res.accepted_nodes[:, 0] == follow
+    second = res.tokens[sel, 1]
+    assert sel.sum() > 2000
+    assert _chi2_ok(np.bincount(second, minlength=vocab), probs[follow + 1]) > 1e-3
+    np.testing.assert_allclose(res.logprobs[:, 0], np.log(probs[0][first]), atol=1e-5)
+    np.testing.assert_allclose(res.logprobs[sel, 1], np.log(probs[follow + 1][second]),
+                               atol=1e-5)
+    # Bookkeeping: emitted = accepted + 1, padded after.
+    n_emit = res.num_accepted + 1
+    assert np.all(res.tokens[np.arange(n), n_emit - 1] == res.next_token)
+    assert np.all((res.tokens == -1) == (np.arange(len(tokens) + 1)[None] >= n_emit[:, None]))
+
+
+def test_sampling_no_draft_equals_direct_sampling():
+    rng = np.random.default_rng(8)
+    logits = _logits(rng, 3, 6)
+    res = _sample_many([1, 2], [-1, 0], logits, 20000, temperature=1.3, top_p=1.0, top_k=0)
+    # Drafts cover node 0; the first emitted token must still follow p(root) exactly.
+    probs = _np_filtered_probs(logits[0], 1.3, 1.0, 6)
+    assert _chi2_ok(np.bincount(res.tokens[:, 0], minlength=6), probs) > 1e-3
