@@ -41,6 +41,7 @@ Entry points: `rollout(...)` (build + drive + report in one call) or, for custom
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -74,6 +75,13 @@ class ControllerConfig:
         request waiting through more than this many pops is served next.
     per_request_seeds: derive each request's sampling seed from (seed, group index, sample index)
         so the G samples of a group differ and stay the same under every policy.
+    estimate_chunks: size a chunk by the policy's remaining-length estimate when it has one
+        (seer: L_g - generated; oracle_lfs: the true remaining length):
+        max_new_tokens = min(chunk_size, remaining budget,
+                             max(min_chunk_size, ceil(estimate_margin x estimate))).
+        KV reservations then track what requests will really use (more concurrency, still no
+        preemption); a request that outlives its estimate simply gets another chunk.
+        Off by default: chunks are min(chunk_size, original_max_tokens - generated).
     """
 
     chunk_size: int = 2048
@@ -82,6 +90,9 @@ class ControllerConfig:
     dispatch_lookahead: int = 8
     starvation_pops: int = -1
     per_request_seeds: bool = True
+    estimate_chunks: bool = False
+    estimate_margin: float = 1.25
+    min_chunk_size: int = 32
 
     def validate(self) -> ControllerConfig:
         checks = (
@@ -95,14 +106,17 @@ class ControllerConfig:
             ),
             ("dispatch_lookahead", self.dispatch_lookahead, ">= 1", lambda v: v >= 1),
             ("starvation_pops", self.starvation_pops, ">= -1 (-1 auto, 0 off)", lambda v: v >= -1),
+            ("min_chunk_size", self.min_chunk_size, ">= 1", lambda v: v >= 1),
         )
         for key, value, allowed, ok in checks:
             if not isinstance(value, int) or isinstance(value, bool) or not ok(value):
                 raise ConfigError(f"{key}={value!r} is invalid; allowed: an integer {allowed}")
-        if not isinstance(self.per_request_seeds, bool):
-            raise ConfigError(
-                f"per_request_seeds={self.per_request_seeds!r} is invalid; allowed: True or False"
-            )
+        for key in ("per_request_seeds", "estimate_chunks"):
+            if not isinstance(getattr(self, key), bool):
+                raise ConfigError(f"{key}={getattr(self, key)!r} is invalid; allowed: True or False")
+        m = self.estimate_margin
+        if isinstance(m, bool) or not isinstance(m, (int, float)) or not m >= 1.0:
+            raise ConfigError(f"estimate_margin={m!r} is invalid; allowed: a number >= 1.0")
         return self
 
     @classmethod
@@ -400,15 +414,12 @@ class Controller:
         reason = res.finish_reason
         if reason is None and req.generated >= req.max_tokens:
             reason = "length"
-        g = req.group
-        if req.generated > g.max_generated:
-            g.max_generated = req.generated
-            g.version += 1
         if reason is not None:
             self._finish(req, reason, now)
         else:
             req.kv_handle = res.kv_handle
             req.status = "buffer"
+            req.group.record_progress(req)
             self.policy.on_chunk_end(req)
             self.policy.push(req)
 
@@ -474,9 +485,15 @@ class Controller:
 
     # ---- internals -----------------------------------------------------------------------------
     def _chunk_budget(self, req: RequestState) -> int:
-        if self.policy.divided:
-            return min(self.config.chunk_size, req.remaining)
-        return req.remaining
+        if not self.policy.divided:
+            return req.remaining
+        budget = min(self.config.chunk_size, req.remaining)
+        if self.config.estimate_chunks:
+            est = self.policy.estimate_remaining(req)
+            if est is not None:
+                sized = max(self.config.min_chunk_size, math.ceil(self.config.estimate_margin * est))
+                budget = min(budget, sized)
+        return budget
 
     def _chunk_pages(self, req: RequestState, slot: InstanceSlot) -> int:
         return slot.pages_for(len(req.prompt_ids) + req.generated + self._chunk_budget(req))
@@ -541,12 +558,7 @@ class Controller:
         req.kv_handle = None
         if self.pool is not None:
             self.pool.delete(req.request_id)
-        g = req.group
-        g.num_finished += 1
-        g.finished_max_len = (
-            req.generated if g.finished_max_len is None else max(g.finished_max_len, req.generated)
-        )
-        g.version += 1
+        req.group.record_finished(req)
         self.policy.on_request_finished(req)
         self.num_done += 1
         if self.progress is not None:

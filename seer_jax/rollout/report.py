@@ -264,7 +264,7 @@ def report_table(report: RolloutReport):
 
     t = Table(title=f"rollout: policy={report.policy}, {report.num_instances} instances, "
               f"{report.num_groups} groups, {report.num_responses} responses")
-    t.add_column("metric")
+    t.add_column("metric", no_wrap=True)
     t.add_column("value", justify="right")
     rows = [
         ("output tokens", f"{report.output_tokens}"),
@@ -301,7 +301,7 @@ def comparison_table(reports: Mapping[str, RolloutReport], baseline: str = "grou
     t = Table(title=f"policies vs {baseline}")
     for col in ("policy", "tokens/s", "makespan s", "tail s", "tok/s ratio", "tail reduction",
                 "preempt", "migr"):
-        t.add_column(col, justify="right" if col != "policy" else "left")
+        t.add_column(col, justify="right" if col != "policy" else "left", no_wrap=col == "policy")
     for name, rep in reports.items():
         row = summ[name]
         ratio = row.get(f"tokens_per_s_ratio_vs_{baseline}")

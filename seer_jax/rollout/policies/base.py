@@ -40,6 +40,20 @@ class GroupState:
     max_generated: int = 0  # most tokens any request of the group has generated so far
     version: int = 0  # bumped whenever a policy-visible group fact changes
 
+    def record_progress(self, req: RequestState) -> None:
+        """Note how far `req` got (after each chunk)."""
+        if req.generated > self.max_generated:
+            self.max_generated = req.generated
+            self.version += 1
+
+    def record_finished(self, req: RequestState) -> None:
+        """Note that `req` finished with `req.generated` tokens."""
+        self.record_progress(req)
+        self.num_finished += 1
+        n = req.generated
+        self.finished_max_len = n if self.finished_max_len is None else max(self.finished_max_len, n)
+        self.version += 1
+
     @property
     def length_estimate(self) -> int:
         """Seer's L_g: max finished length in the group (raised to the most tokens an unfinished
@@ -162,6 +176,11 @@ class Policy(abc.ABC):
 
     def on_chunk_end(self, req: RequestState) -> None:
         """A chunk of `req` ended unfinished (`req.group` updated); `req` is pushed right after."""
+        return None
+
+    def estimate_remaining(self, req: RequestState) -> int | None:
+        """The policy's estimate of `req`'s remaining output tokens (None: no estimate). Used to
+        size chunks when the controller's `estimate_chunks` is on."""
         return None
 
     def priority(self, req: RequestState) -> int:

@@ -40,6 +40,9 @@ class OracleLFSPolicy(Policy):
             )
         self._true = {r.request_id: min(int(lengths[r.request_id]), r.max_tokens) for r in self.requests}
 
+    def estimate_remaining(self, req: RequestState) -> int | None:
+        return max(1, self._true[req.request_id] - req.generated)
+
     def _push(self, req: RequestState) -> None:
         remaining = self._true[req.request_id] - req.generated
         self._heap.push((-remaining, req.enqueue_seq), req)

@@ -50,6 +50,12 @@ class SeerPolicy(Policy):
     def probe_active(self, req: RequestState) -> bool:
         return req.is_probe and req.group.finished_max_len is None
 
+    def estimate_remaining(self, req: RequestState) -> int | None:
+        g = req.group
+        if g.finished_max_len is None or g.length_estimate <= req.generated:
+            return None
+        return g.length_estimate - req.generated
+
     def priority(self, req: RequestState) -> int:
         return 1 if self.probe_active(req) else 0
 

@@ -1,0 +1,65 @@
+"""The in-process global KV pool: versions, LRU eviction, byte accounting."""
+
+from __future__ import annotations
+
+import pytest
+
+from seer_jax.errors import ConfigError
+from seer_jax.rollout.kv_pool import HostKVPool
+
+
+def test_put_get_and_bytes_moved():
+    pool = HostKVPool()
+    h = pool.put("r1", "blob1", 100)
+    assert pool.get(h) == "blob1"
+    assert pool.get(h) == "blob1"
+    st = pool.stats()
+    assert (st.bytes_put, st.bytes_got, st.bytes_moved) == (100, 200, 300)
+    assert st.used_bytes == 100 and st.entries == 1 and st.hits == 2
+
+
+def test_new_version_replaces_and_stale_handle_misses():
+    pool = HostKVPool()
+    h1 = pool.put("r1", "v1", 10)
+    h2 = pool.put("r1", "v2", 30)
+    assert h1 != h2
+    assert pool.get(h1) is None
+    assert pool.get(h2) == "v2"
+    st = pool.stats()
+    assert st.used_bytes == 30 and st.misses == 1
+
+
+def test_lru_eviction_respects_recent_use():
+    pool = HostKVPool(capacity_bytes=100)
+    ha = pool.put("a", "A", 40)
+    hb = pool.put("b", "B", 40)
+    assert pool.get(ha) == "A"  # a is now most recent
+    hc = pool.put("c", "C", 40)  # evicts b (least recently used)
+    assert pool.get(hb) is None
+    assert pool.get(ha) == "A" and pool.get(hc) == "C"
+    st = pool.stats()
+    assert st.evictions == 1 and st.bytes_evicted == 40 and st.used_bytes == 80
+    assert st.peak_used_bytes <= 100
+
+
+def test_blob_larger_than_capacity_is_not_stored():
+    pool = HostKVPool(capacity_bytes=50)
+    keep = pool.put("a", "A", 20)
+    h = pool.put("big", "X", 51)
+    assert pool.get(h) is None
+    assert pool.get(keep) == "A"
+    assert not pool.contains(h) and pool.contains(keep)
+
+
+def test_delete_frees_bytes():
+    pool = HostKVPool(capacity_bytes=100)
+    h = pool.put("a", "A", 60)
+    pool.delete("a")
+    pool.delete("never-stored")
+    assert pool.get(h) is None
+    assert pool.stats().used_bytes == 0
+
+
+def test_bad_capacity():
+    with pytest.raises(ConfigError, match="capacity_bytes=-1"):
+        HostKVPool(capacity_bytes=-1)
