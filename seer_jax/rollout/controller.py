@@ -345,11 +345,12 @@ class Controller:
             )
             if slot is None or not self._submit(slot, req, now):
                 held.append(req)
+                alive = [s for s in self.slots if s.alive]
+                if not alive:
+                    break
                 if kv_adm:
                     # keep room growing for it: block its pages where the most budget is free
-                    target = max(
-                        (s for s in self.slots if s.alive), key=lambda s: (s.free_pages, -s.instance_id)
-                    )
+                    target = max(alive, key=lambda s: (s.free_pages, -s.instance_id))
                     target.blocked_pages += self._chunk_pages(req, target)
                 if len(held) >= self.config.dispatch_lookahead:
                     break
