@@ -4,6 +4,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from seer_jax.errors import InputError
 from seer_jax.pallas import ragged_paged_attention, write_kv
@@ -101,3 +103,43 @@ def test_bad_inputs_raise_input_error():
     fn = jax.jit(lambda *a: ragged_paged_attention(*a, impl="reference"))
     out = np.asarray(fn(*args[:3], jnp.array([40], jnp.int32), *args[4:]))
     assert np.isnan(out).all()
+
+
+@st.composite
+def _ragged_case(draw):
+    n = draw(st.integers(1, 4))
+    seqs, trees = [], {}
+    for i in range(n):
+        ql = draw(st.integers(0 if i else 1, 10))
+        seqs.append((ql, ql + draw(st.integers(0, 60))))
+        if ql and draw(st.booleans()):
+            trees[i] = [draw(st.integers(-1, j - 1)) for j in range(ql)]
+    return dict(
+        seqs=seqs, trees=trees or None,
+        page_size=draw(st.sampled_from([4, 8, 16])),
+        hkv=draw(st.sampled_from([1, 2])), group=draw(st.sampled_from([1, 3])),
+        extra_seqs=draw(st.integers(0, 2)), extra_tokens=draw(st.integers(0, 3)),
+        seed=draw(st.integers(0, 1000)),
+    )
+
+
+_JIT_REF = jax.jit(lambda *a, tree: ragged_paged_attention(*a, tree_parents=tree,
+                                                            impl="reference"))
+
+
+@settings(max_examples=30, deadline=None)
+@given(_ragged_case())
+def test_property_reference_equals_naive_dense(case):
+    # Fixed padded shapes per (page_size, heads) so the jitted reference compiles a few times.
+    seqs = [s for s in case["seqs"] if s[1] > 0] or [(1, 1)]
+    ps = case["page_size"]
+    need = sum(-(-kv // ps) for _, kv in seqs)
+    b = make_batch(seqs, num_q_heads=case["hkv"] * case["group"], num_kv_heads=case["hkv"],
+                   head_dim=16, page_size=ps, max_seqs=6, num_tokens=44,
+                   pages_per_seq=-(-70 // ps), extra_pages=4 * -(-70 // ps) + 1 - need,
+                   trees=case["trees"] or {0: list(range(-1, seqs[0][0] - 1))},
+                   seed=case["seed"])
+    out = np.asarray(_JIT_REF(*[jnp.asarray(a) for a in b.args()],
+                              tree=jnp.asarray(b.tree_parents)))
+    np.testing.assert_allclose(out, naive_attention(b), atol=2e-5, rtol=0)
+    assert np.all(out[int(b.cu_q_lens[len(seqs)]):] == 0)
