@@ -102,6 +102,35 @@ def test_group_match_and_counts_equal_brute_force(hist):
         if length == 0 and not got:
             continue
         assert got == want
+        # maintained continuation statistics: total and most frequent child
+        assert sam.continuation_total(state) == sum(want.values())
+        assert want[sam.best_child(state)] == max(want.values())
+
+
+@settings(max_examples=150, deadline=None)
+@given(group_history())
+def test_every_context_state_keeps_exact_statistics(hist):
+    """For every distinct substring x (|x| ≤ max_len) of the group's texts: its state's count is
+    the brute-force number of occurrences, its children counts the brute-force continuation counts,
+    `continuation_total` their sum and `best_child` a most frequent one."""
+    prompt, g, appends, max_len = hist
+    ctx, responses = replay(prompt, g, appends, max_len)
+    sam = ctx._sam
+    texts = [prompt] + [prompt + r for r in responses]
+    subs = {tuple(t[i:j]) for t in texts for i in range(len(t))
+            for j in range(i + 1, min(len(t), i + max_len) + 1)}
+    for x in subs:
+        v = 0
+        for tok in x:
+            v = sam.children(v)[tok]
+        assert sam.count(v) == occurrences(x, prompt, responses)
+        want = continuations(x, prompt, responses, ALPHABET)
+        assert {t: sam.count(s) for t, s in sam.children(v).items()} == want
+        assert sam.continuation_total(v) == sum(want.values())
+        if want:
+            assert want[sam.best_child(v)] == max(want.values())
+        else:
+            assert sam.best_child(v) == -1
 
 
 @settings(max_examples=100, deadline=None)

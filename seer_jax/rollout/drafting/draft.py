@@ -23,7 +23,7 @@ from seer_jax.rollout.drafting.suffix_automaton import SuffixAutomaton
 
 _EMPTY_I32 = np.zeros((0,), np.int32)
 _EMPTY_F32 = np.zeros((0,), np.float32)
-_count_key = operator.itemgetter(0)
+_rank_key = operator.itemgetter(0, 1)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -148,6 +148,8 @@ def build_draft(
     cap = sam.count_depth - 1 if context_cap is None else min(context_cap, sam.count_depth - 1)
     nxt = sam._next
     count = sam._count
+    total = sam._total
+    best = sam._best
     clamp = sam.clamp
     if width <= 1:
         tokens: list[int] = []
@@ -156,23 +158,11 @@ def build_draft(
         v, k = state, length
         limit = min(max_nodes, max_depth)
         while len(tokens) < limit:
-            ch = nxt[v]
-            if not ch:
+            tok = best[v]
+            if tok < 0:
                 break
-            if len(ch) == 1:
-                (tok, x), = ch.items()
-                prob_child = 1.0
-            else:
-                total = 0
-                best_c = -1
-                tok = x = -1
-                for t, s in ch.items():
-                    cs = count[s]
-                    total += cs
-                    if cs > best_c:
-                        best_c, tok, x = cs, t, s
-                prob_child = best_c / total
-            prob *= prob_child
+            x = nxt[v][tok]
+            prob *= count[x] / total[v]
             if prob < min_prob:
                 break
             tokens.append(tok)
@@ -199,15 +189,17 @@ def build_draft(
         ch = nxt[v]
         if not ch:
             return
+        tot = total[v]
+        b = best[v]
         if len(ch) == 1:
-            ranked = [(count[s], t, s) for t, s in ch.items()]
-            total = ranked[0][0]
+            ranked = [(count[s], 1, t, s) for t, s in ch.items()]
         else:
-            ranked = [(count[s], t, s) for t, s in ch.items()]
-            total = sum(r[0] for r in ranked)
-            ranked = heapq.nlargest(width, ranked, key=_count_key)  # stable: ties keep order
-        for cs, t, s in ranked:
-            p = prob * cs / total
+            # top `width` by count; the chain's choice (best) first among equals
+            ranked = heapq.nlargest(
+                width, ((count[s], t == b, t, s) for t, s in ch.items()), key=_rank_key
+            )
+        for cs, _, t, s in ranked:
+            p = prob * cs / tot
             if p < min_prob:
                 break
             order += 1

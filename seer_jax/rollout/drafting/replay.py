@@ -220,3 +220,85 @@ def replay(groups: Sequence[GroupRollout], make_drafter: Callable[[GroupRollout]
                 else None)
         replay_group(g, make_drafter(g), stats, offs)
     return stats
+
+
+def simulate_tail(groups: Sequence[GroupRollout], budget, config: DraftConfig | None = None,
+                  tail_fraction: float = 0.25) -> dict:
+    """Model the tail of a rollout: every response has generated all but its last `tail_fraction`
+    (its group context holds the prompt and those prefixes of all siblings); all requests of all
+    groups then decode together in one batch that shrinks as responses end.
+
+    Plain decoding advances each request one token per step. Speculative decoding plans each
+    step with `budget` (a `SpeculationBudget`: γ*, on/off, tree width, marginal-benefit
+    allocation), drafts from the group contexts, accepts the longest draft path matching the
+    recorded continuation (+1 bonus token) and feeds the outcome back into the budget's online
+    acceptance rates. Step time is `budget.step_time(B, mean draft tokens per request)`.
+    """
+    config = config or DraftConfig()
+    ctxs, reqs = [], []  # reqs: (group index, request id, response, position)
+    for gi, g in enumerate(groups):
+        ctx = GroupDraftContext(config, g.prompt_ids)
+        starts = [int(len(r) * (1.0 - tail_fraction)) for r in g.responses]
+        for i in range(len(g.responses)):
+            ctx.start_request(str(i))
+        for t in range(max(starts, default=0)):  # lock-step history
+            for i, r in enumerate(g.responses):
+                if t < starts[i]:
+                    ctx.append(str(i), (r[t],))
+        ctxs.append(ctx)
+        reqs.extend((gi, str(i), r, starts[i]) for i, r in enumerate(g.responses)
+                    if starts[i] < len(r))
+    remaining = sorted(len(r) - p for _, _, r, p in reqs)
+    # plain decoding: B(t) = number of requests with more than t tokens left
+    time_plain, steps_plain = 0.0, remaining[-1] if remaining else 0
+    k = 0
+    for t in range(steps_plain):
+        while k < len(remaining) and remaining[k] <= t:
+            k += 1
+        time_plain += budget.step_time(len(remaining) - k, 0)
+
+    pos = [p for _, _, _, p in reqs]
+    active = list(range(len(reqs)))
+    time_spec, steps_spec, specs, accepted_total, drafted = 0.0, 0, 0, 0, 0
+    while active:
+        b = len(active)
+        plan = budget.plan(b)
+        drafts = []
+        if plan.enabled:
+            cand = [ctxs[reqs[j][0]].speculate(reqs[j][1], plan.max_nodes_per_request,
+                                               plan.max_depth, plan.width) for j in active]
+            drafts = budget.allocate(cand, None, plan)
+        n_draft = sum(len(d) for d in drafts)
+        time_spec += budget.step_time(b, n_draft / b)
+        steps_spec += 1
+        drafted += n_draft
+        still = []
+        accepted_now = []
+        for idx, j in enumerate(active):
+            gi, rid, resp, p = reqs[j][0], reqs[j][1], reqs[j][2], pos[j]
+            acc = 0
+            if drafts and len(drafts[idx]):
+                acc = min(drafts[idx].accepted_length(resp[p : p + 64]), len(resp) - p - 1)
+                specs += 1
+                accepted_total += acc
+            accepted_now.append(acc)
+            adv = acc + 1
+            ctxs[gi].append(rid, resp[p : p + adv])
+            pos[j] = p + adv
+            if pos[j] < len(resp):
+                still.append(j)
+        if drafts:
+            budget.stats.observe_drafts(drafts, accepted_now)
+        active = still
+    return {
+        "requests": len(reqs),
+        "steps_plain": steps_plain,
+        "steps_spec": steps_spec,
+        "time_plain_s": time_plain,
+        "time_spec_s": time_spec,
+        "tail_speedup": time_plain / time_spec if time_spec > 0 else 1.0,
+        "steps_ratio_vs_plain": steps_spec / max(steps_plain, 1),
+        "accepted_per_spec": accepted_total / max(specs, 1),
+        "draft_tokens_per_step": drafted / max(steps_spec, 1),
+        "beta": budget.stats.beta.tolist(),
+    }

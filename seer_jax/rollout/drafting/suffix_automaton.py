@@ -19,6 +19,14 @@ Each sequence keeps a pointer (state, length) to its suffix of length min(count_
 is where that walk starts; pointers are revalidated lazily (a clone only splits a state, so a stale
 pointer is fixed by following suffix links).
 
+Continuation statistics. For every state holding a string of length ≤ count_depth - 1 (the
+longest context a query uses) we also keep `total[v]` = Σ_c count(child c), the number of
+occurrences that have a continuation, and `best[v]` = the token of the most frequent child
+(ties: the first to reach the maximum). Both change only for the states on the *previous*
+position's suffix-link chain when a token is appended (the contexts the new token continues), so
+they cost one more bounded walk per token and make the most frequent continuation and its ratio
+O(1) to read, however many distinct tokens followed a short context.
+
 Sequences can fork: a response starts at the end of the prompt (`add_sequence(fork_from=prompt)`)
 so that it shares the prompt's positions (counted once) and its first tokens match across the
 prompt/response boundary.
@@ -38,8 +46,8 @@ class SuffixAutomaton:
       contexts must first be shortened to that length, see `clamp`).
     """
 
-    __slots__ = ("count_depth", "_len", "_link", "_next", "_count", "_last", "_wstate",
-                 "_wlen", "_seq_len", "num_tokens")
+    __slots__ = ("count_depth", "_len", "_link", "_next", "_count", "_total", "_best", "_last",
+                 "_wstate", "_wlen", "_seq_len", "num_tokens")
 
     def __init__(self, count_depth: int = 65) -> None:
         if count_depth < 1:
@@ -50,6 +58,8 @@ class SuffixAutomaton:
         self._link: list[int] = [-1]
         self._next: list[dict[int, int]] = [{}]
         self._count: list[int] = [0]
+        self._total: list[int] = [0]
+        self._best: list[int] = [-1]
         # Per sequence: state of the whole sequence, pointer to its count_depth-suffix, length.
         self._last: list[int] = []
         self._wstate: list[int] = []
@@ -96,12 +106,20 @@ class SuffixAutomaton:
         for t in tokens:
             self._extend1(seq, int(t))
 
-    def _new_state(self, length: int, link: int, nxt: dict[int, int], count: int) -> int:
+    def _new_state(self, length: int, link: int, nxt: dict[int, int], count: int,
+                   total: int = 0, best: int = -1) -> int:
         self._len.append(length)
         self._link.append(link)
         self._next.append(nxt)
         self._count.append(count)
+        self._total.append(total)
+        self._best.append(best)
         return len(self._len) - 1
+
+    def _clone(self, q: int, length: int) -> int:
+        """A new state with q's transitions and statistics (same end positions so far)."""
+        return self._new_state(length, self._link[q], dict(self._next[q]), self._count[q],
+                               self._total[q], self._best[q])
 
     def _extend1(self, seq: int, c: int) -> None:
         ln = self._len
@@ -114,7 +132,7 @@ class SuffixAutomaton:
             if ln[q] == ln[last] + 1:
                 cur = q
             else:
-                cur = self._new_state(ln[last] + 1, link[q], dict(nxt[q]), self._count[q])
+                cur = self._clone(q, ln[last] + 1)
                 p = last
                 while p != -1 and nxt[p].get(c) == q:
                     nxt[p][c] = cur
@@ -131,7 +149,7 @@ class SuffixAutomaton:
                 if ln[p] + 1 == ln[q]:
                     link[cur] = q
                 else:
-                    clone = self._new_state(ln[p] + 1, link[q], dict(nxt[q]), self._count[q])
+                    clone = self._clone(q, ln[p] + 1)
                     while p != -1 and nxt[p].get(c) == q:
                         nxt[p][c] = clone
                         p = link[p]
@@ -143,10 +161,11 @@ class SuffixAutomaton:
 
         # Move the count pointer to the new count_depth-suffix, then count the new end position
         # in every short state on its suffix-link chain.
-        w = self._wstate[seq]
-        k = self._wlen[seq]
-        while w and k <= ln[link[w]]:  # revalidate after clones
-            w = link[w]
+        w0 = self._wstate[seq]
+        k0 = self._wlen[seq]
+        while w0 and k0 <= ln[link[w0]]:  # revalidate after clones
+            w0 = link[w0]
+        w, k = w0, k0
         if k == self.count_depth:
             k -= 1
             if k <= ln[link[w]]:
@@ -159,6 +178,21 @@ class SuffixAutomaton:
         while w != -1:
             count[w] += 1
             w = link[w]
+        # The contexts the token continues: the previous position's chain (those holding a
+        # string ≤ count_depth - 1). Their continuation total and most frequent child.
+        total = self._total
+        best = self._best
+        v = w0
+        if v and ln[link[v]] >= self.count_depth - 1:
+            v = link[v]
+        while v != -1:
+            total[v] += 1
+            b = best[v]
+            if b != c:
+                nv = nxt[v]
+                if b < 0 or count[nv[c]] > count[nv[b]]:
+                    best[v] = c
+            v = link[v]
 
     # -- queries ---------------------------------------------------------------------------------
 
@@ -222,6 +256,14 @@ class SuffixAutomaton:
     def children(self, state: int) -> dict[int, int]:
         """token -> state of the context extended by that token (do not mutate)."""
         return self._next[state]
+
+    def best_child(self, state: int) -> int:
+        """Token of the most frequent continuation of the context (-1: none)."""
+        return self._best[state]
+
+    def continuation_total(self, state: int) -> int:
+        """Occurrences of the context that have a continuation (Σ of its children's counts)."""
+        return self._total[state]
 
     def count(self, state: int) -> int:
         """Occurrences of the strings of `state` (exact when they are ≤ count_depth long)."""

@@ -1,0 +1,193 @@
+"""Grouped speculative drafting: replay study and modelled tail speedup.
+
+(a) Replay: each group's recorded responses are replayed as if generated concurrently (lock-step,
+    optionally staggered starts); at every step every request gets a draft, which is checked
+    against the recorded continuation (tree: longest matching root-to-node path). Reports mean
+    accepted draft tokens per speculation (a step with a non-empty draft) and per step (including
+    the bonus token) for:
+      per_request      our suffix automaton over the request's prompt + own output
+      group            our group context (prompt + every sibling), chains of ≤ γ tokens
+      group_multipath  the group context, trees (top-k at forks, node budget)
+      arctic_per_request / arctic   arctic-inference's SuffixDecodingCache (own context /
+                       siblings' active responses added), when importable.
+(b) Modelled tail: the last quarter of every response, all requests of all groups in one batch
+    (shrinking as responses end), with and without speculation under the adaptive budget
+    (T(B, γ) from --profile or the default cost model). Tokens are the recorded ones either way,
+    so the comparison is steps and modelled time to finish.
+
+Rollouts: --rollouts FILE.jsonl ({"group_id", "prompt_ids", "responses"} per line), or
+--generate (SmolLM2-135M-Instruct at temperature 1.0 on the built-in prompt mixes, slow on CPU;
+--save-rollouts keeps them), or --synthetic MIX[,MIX] (a template/Markov source, default).
+
+  python benchmarks/drafting.py --synthetic natural,structured --json /tmp/drafting.json
+  python benchmarks/drafting.py --generate natural --num-groups 16 --response-len 256 \\
+      --save-rollouts /tmp/natural.jsonl --json /tmp/drafting_natural.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+from seer_jax.rollout.drafting import BudgetConfig, DraftConfig, SpeculationBudget
+from seer_jax.rollout.drafting.replay import (
+    ArcticDrafter,
+    OursDrafter,
+    load_rollouts_jsonl,
+    replay,
+    save_rollouts_jsonl,
+    simulate_tail,
+)
+from seer_jax.rollout.drafting.synthetic import synthetic_groups
+
+
+def generate_rollouts(mix: str, num_groups: int, group_size: int, max_tokens: int, seed: int):
+    """Sample G responses per prompt with SmolLM2 (reference generator, temperature 1.0)."""
+    from seer_jax.model import load
+    from seer_jax.model.generate import generate
+    from seer_jax.rollout.drafting.replay import GroupRollout
+    from seer_jax.rollout.prompts import prompt_set
+    from seer_jax.rollout.types import SamplingParams
+
+    cfg, params, tok = load("smollm2")
+    items = prompt_set(mix)[:num_groups]
+    prompts = [tok.encode_chat([{"role": "user", "content": it.text}]) for it in items]
+    flat = [p for p in prompts for _ in range(group_size)]
+    sampling = [SamplingParams(temperature=1.0, seed=seed * 1_000_003 + i) for i in range(len(flat))]
+    eos = tuple(cfg.eos_token_ids) or ((tok.eos_id,) if tok.eos_id is not None else ())
+    t0 = time.perf_counter()
+    gens = generate(params, cfg, flat, max_tokens, sampling, eos_ids=eos)
+    print(f"generated {len(gens)} responses in {time.perf_counter() - t0:.0f}s", flush=True)
+    groups = []
+    for g, p in enumerate(prompts):
+        resp = [gens[g * group_size + i].token_ids for i in range(group_size)]
+        groups.append(GroupRollout(group_id=f"{mix}-{g}", prompt_ids=list(p), responses=resp))
+    return groups
+
+
+def run_modes(groups, args) -> dict[str, dict]:
+    cfg = DraftConfig(max_match_len=args.max_match_len, min_prob=args.min_prob,
+                      max_spec_factor=args.max_spec_factor)
+    modes = {
+        "per_request": OursDrafter.factory(
+            DraftConfig(**{**cfg.__dict__, "mode": "per_request"}), args.gamma, args.gamma),
+        "group": OursDrafter.factory(cfg, args.gamma, args.gamma),
+        "group_multipath": OursDrafter.factory(cfg, args.tree_nodes, args.gamma, args.tree_width),
+    }
+    if not args.no_arctic and ArcticDrafter.available():
+        kw = dict(max_spec_tokens=args.gamma, min_token_prob=args.min_prob,
+                  max_spec_factor=args.arctic_spec_factor)
+        modes["arctic_per_request"] = lambda g: ArcticDrafter(g, siblings=False, **kw)
+        modes["arctic"] = lambda g: ArcticDrafter(g, siblings=True, **kw)
+    out = {}
+    for name, make in modes.items():
+        out[name] = replay(groups, make, stagger=args.stagger, seed=args.seed).summary()
+    return out
+
+
+def print_table(title: str, res: dict[str, dict]) -> None:
+    print(f"\n[{title}]")
+    print(f"{'mode':<20} {'acc/spec':>9} {'acc/step':>9} {'draft/spec':>10} {'accept%':>8} "
+          f"{'spec%':>6} {'tail acc/step':>13} {'us/spec':>8}")
+    for name, s in res.items():
+        print(f"{name:<20} {s['accepted_per_spec']:>9.3f} {s['accepted_per_step']:>9.3f} "
+              f"{s['draft_tokens_per_spec']:>10.2f} {100 * s['acceptance_rate']:>7.1f}% "
+              f"{100 * s['spec_fraction']:>5.1f}% {s['accepted_per_step_by_quarter'][3]:>13.3f} "
+              f"{s['us_per_speculate']:>8.1f}")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    src = ap.add_mutually_exclusive_group()
+    src.add_argument("--rollouts", action="append", help="grouped rollouts JSONL (repeatable)")
+    src.add_argument("--generate", help="prompt mixes to sample with SmolLM2, e.g. natural,structured")
+    src.add_argument("--synthetic", default="natural,structured", help="synthetic mixes")
+    ap.add_argument("--save-rollouts", help="write generated/synthetic rollouts here (one mix: "
+                    "PATH; several: PATH gets -MIX before the suffix)")
+    ap.add_argument("--num-groups", type=int, default=16)
+    ap.add_argument("--group-size", type=int, default=8)
+    ap.add_argument("--response-len", type=int, default=256)
+    ap.add_argument("--gamma", type=int, default=8, help="max draft length (chains, tree depth)")
+    ap.add_argument("--tree-nodes", type=int, default=16)
+    ap.add_argument("--tree-width", type=int, default=4)
+    ap.add_argument("--min-prob", type=float, default=0.1)
+    ap.add_argument("--max-match-len", type=int, default=64)
+    ap.add_argument("--max-spec-factor", type=float, default=None,
+                    help="ours: cap draft depth at factor x match length (default: no cap)")
+    ap.add_argument("--arctic-spec-factor", type=float, default=1.0,
+                    help="arctic's max_spec_factor (its default 1.0)")
+    ap.add_argument("--stagger", type=int, default=0, help="max random start offset (steps)")
+    ap.add_argument("--no-arctic", action="store_true")
+    ap.add_argument("--profile", help="step-time profile JSON for the tail model")
+    ap.add_argument("--tail-fraction", type=float, default=0.25)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--json", help="write the report here")
+    args = ap.parse_args(argv)
+
+    datasets: dict[str, list] = {}
+    if args.rollouts:
+        for path in args.rollouts:
+            datasets[path] = load_rollouts_jsonl(path)
+    elif args.generate:
+        for mix in args.generate.split(","):
+            datasets[mix] = generate_rollouts(mix, args.num_groups, args.group_size,
+                                              args.response_len, args.seed)
+    else:
+        for mix in args.synthetic.split(","):
+            datasets[f"synthetic-{mix}"] = synthetic_groups(
+                args.num_groups, args.group_size, args.response_len, mix=mix, seed=args.seed)
+    if args.save_rollouts and not args.rollouts:
+        for name, groups in datasets.items():
+            path = args.save_rollouts
+            if len(datasets) > 1:
+                stem, dot, ext = path.rpartition(".")
+                path = f"{stem}-{name}.{ext}" if dot else f"{path}-{name}"
+            save_rollouts_jsonl(path, groups)
+            print(f"saved {path}")
+
+    report = {"config": vars(args), "datasets": {}}
+    for name, groups in datasets.items():
+        res = run_modes(groups, args)
+        budget = SpeculationBudget.from_profile_json(args.profile, BudgetConfig(gamma_max=args.gamma))
+        tail = simulate_tail(groups, budget, DraftConfig(max_match_len=args.max_match_len,
+                                                         min_prob=args.min_prob),
+                             tail_fraction=args.tail_fraction)
+        n_tok = sum(len(r) for g in groups for r in g.responses)
+        report["datasets"][name] = {"groups": len(groups), "responses": sum(len(g.responses) for g in groups),
+                                    "tokens": n_tok, "modes": res, "tail": tail}
+        print_table(f"{name}: {len(groups)} groups, {n_tok} tokens", res)
+        print(f"tail ({args.tail_fraction:.0%} of each response, all requests in one batch): "
+              f"steps {tail['steps_spec']} vs {tail['steps_plain']} plain, modelled time "
+              f"{tail['time_spec_s']:.3f}s vs {tail['time_plain_s']:.3f}s -> speedup "
+              f"{tail['tail_speedup']:.2f}x (accepted/spec {tail['accepted_per_spec']:.2f})")
+
+    first = next(iter(report["datasets"].values()))
+    def summarize(d):
+        m = d["modes"]
+        s = {
+            "accepted_per_spec": {k: v["accepted_per_spec"] for k, v in m.items()},
+            "accepted_per_step": {k: v["accepted_per_step"] for k, v in m.items()},
+            "tail_speedup": d["tail"]["tail_speedup"],
+        }
+        best_group = max(m["group"]["accepted_per_spec"], m["group_multipath"]["accepted_per_spec"])
+        s["best_group_accepted_per_spec_ratio_vs_per_request"] = (
+            best_group / max(m["per_request"]["accepted_per_spec"], 1e-9))
+        s["best_group_accepted_per_spec_minus_per_request"] = (
+            best_group - m["per_request"]["accepted_per_spec"])
+        if "arctic" in m:
+            s["best_group_accepted_per_spec_ratio_vs_arctic"] = (
+                best_group / max(m["arctic"]["accepted_per_spec"], 1e-9))
+        return s
+    report["summary"] = {**summarize(first),
+                         "by_dataset": {k: summarize(v) for k, v in report["datasets"].items()}}
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=1)
+        print(f"\nwrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
