@@ -78,6 +78,7 @@ class RequestOutput:
     top_logprobs: list[list[tuple[int, float]]] | None
     finish_reason: str | None  # "eos" | "stop" | "length" | "abort"
     metrics: RequestMetrics
+    kv: KVBlob | None = None  # with add_request(keep_kv=True): the KV when it ended on "length"
 
 
 @dataclasses.dataclass
@@ -124,6 +125,7 @@ class _Seq:
     num_computed: int = 0
     swapped: KVBlob | None = None
     admitted_at: int = 0
+    keep_kv: bool = False
 
     @property
     def tokens(self) -> list[int]:
@@ -159,9 +161,10 @@ class Engine:
     # ------------------------------------------------------------------ requests
     def add_request(self, request_id: str, prompt_ids: list[int], max_tokens: int,
                     sampling: SamplingParams = SamplingParams(), output_ids: list[int] = (),
-                    kv: KVBlob | None = None) -> None:
+                    kv: KVBlob | None = None, keep_kv: bool = False) -> None:
         """Queue a request. `output_ids`: tokens generated earlier (a continued request); `kv`: its
-        KV from another engine (`export_kv`), else it is re-prefilled."""
+        KV from another engine (`export_kv`), else it is re-prefilled. `keep_kv`: when the request
+        ends on its max_tokens (a chunk of a longer request), return its KV in the output."""
         if request_id in self.seqs:
             raise InputError(f"request id {request_id!r} is already in the engine")
         prompt = [int(t) for t in prompt_ids]
@@ -185,7 +188,7 @@ class Engine:
             raise InputError(f"request {request_id!r}: top_logprobs={sampling.top_logprobs} exceeds the "
                              f"engine's max_top_logprobs={self.config.max_top_logprobs}")
         seq = _Seq(request_id, prompt, list(output_ids), len(output_ids), max_tokens, sampling,
-                   RequestMetrics(arrival_time=self.clock()))
+                   RequestMetrics(arrival_time=self.clock()), keep_kv=keep_kv)
         if kv is not None:
             if kv.prompt_ids != prompt or kv.output_ids != list(output_ids):
                 raise InputError(f"request {request_id!r}: KV blob tokens do not match the request")
@@ -396,11 +399,17 @@ class Engine:
 
     def _finish(self, seq: _Seq, reason: str) -> RequestOutput:
         seq.metrics.finish_time = self.clock()
+        kv = None
+        if seq.keep_kv and reason == "length":
+            k, v = self.runner.read_kv(seq.pages, seq.num_computed)
+            kv = KVBlob(list(seq.prompt), list(seq.output), k, v)
         self.running.remove(seq)
         del self.seqs[seq.request_id]
         self.blocks.release(seq.pages)
         seq.pages = []
-        return self._output(seq, reason)
+        out = self._output(seq, reason)
+        out.kv = kv
+        return out
 
     def _output(self, seq: _Seq, reason: str) -> RequestOutput:
         return RequestOutput(seq.request_id, seq.prompt, seq.output[seq.base_len:], seq.logprobs,
