@@ -1,0 +1,20 @@
+"""Kimi-K2-shaped rollout iteration (Seer paper): 800 prompts x G=8, max 98,304 tokens,
+256 H800 GPUs, one instance per GPU (data-parallel attention, routed experts sharded over all
+256 GPUs: expert_parallel=256)."""
+
+from seer_jax.sim.simulator import default_config, preset_workload_fields
+
+
+def get_config():
+    c = default_config()
+    c.name = "kimi-k2"
+    c.workload.update(preset_workload_fields("kimi-k2"))
+    c.cluster.num_instances = 256
+    c.cluster.model = "kimi-k2"
+    c.cluster.accelerator = "h800"
+    c.cluster.chips_per_instance = 1
+    c.cluster.expert_parallel = 256
+    c.cluster.memory_utilization = 0.9
+    c.controller.chunk_size = 8192
+    c.sweep.num_prompts = 160
+    return c

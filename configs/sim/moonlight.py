@@ -1,0 +1,22 @@
+"""Moonlight-shaped rollout iteration (Seer paper): 400 prompts x G=8, max 65,536 tokens,
+32 instances of 8 x H800 (Moonlight-16B-A3B, MLA latent KV replicated on the 8 TP ranks).
+
+    seer-jax simulate --config configs/sim/moonlight.py [--ablation] [--plots DIR] [--json PATH]
+"""
+
+from seer_jax.sim.simulator import default_config, preset_workload_fields
+
+
+def get_config():
+    c = default_config()
+    c.name = "moonlight"
+    c.workload.update(preset_workload_fields("moonlight"))
+    c.cluster.num_instances = 32
+    c.cluster.model = "moonlight-16b-a3b"
+    c.cluster.accelerator = "h800"
+    c.cluster.chips_per_instance = 8
+    c.cluster.kv_replicas = 8
+    c.cluster.memory_utilization = 0.5  # colocated RL: training state shares HBM
+    c.controller.chunk_size = 8192
+    c.sweep.num_prompts = 160
+    return c

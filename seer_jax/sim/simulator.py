@@ -1,0 +1,637 @@
+"""Cluster simulator: the real controller and policies driving simulated instances on a virtual
+clock, with a cost model per instance and a paper-scale workload.
+
+Config schema: `default_config()` (configs/sim/*.py start from it); `validate_config(cfg)` turns
+a bad value into one ConfigError naming the key, the value and what is allowed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any
+
+import ml_collections
+import numpy as np
+
+from seer_jax.errors import ConfigError
+from seer_jax.sim import cost_model as cm
+from seer_jax.sim import workloads as wl
+
+KNOWN_POLICIES = ("seer", "group_round_robin", "request_fcfs", "oracle_lfs")
+
+
+def default_config() -> ml_collections.ConfigDict:
+    c = ml_collections.ConfigDict()
+    c.name = "custom"
+    c.seed = 0
+    # Policies compared by `seer-jax simulate`; ratios are taken against `baseline`.
+    c.policies = "seer,group_round_robin,request_fcfs,oracle_lfs"
+    c.baseline = "group_round_robin"
+
+    w = c.workload = ml_collections.ConfigDict()
+    w.preset = ""  # "moonlight" | "qwen2-vl-72b" | "kimi-k2": fills the fields below
+    w.trace_path = ""  # JSONL trace to replay instead of the synthetic model
+    w.trace_num_groups = 0  # >0: resample the trace's groups to this many
+    w.num_prompts = 64
+    w.group_size = 8
+    w.max_tokens = 8192
+    w.sigma = 1.1  # log-std of output lengths: tail heaviness
+    w.icc = 0.6  # intra-group correlation of log lengths
+    w.truncated_fraction = 0.02
+    w.min_tokens = 16
+    w.prompt_len = 512
+    w.prompt_len_sigma = 0.5
+
+    k = c.cluster = ml_collections.ConfigDict()
+    k.num_instances = 4
+    k.model = "moonlight-16b-a3b"
+    k.accelerator = "h800"
+    # Per-chip overrides of the accelerator preset (0 = use the preset).
+    k.peak_tflops = 0.0
+    k.hbm_gbps = 0.0
+    k.hbm_gib = 0.0
+    k.chips_per_instance = 8
+    k.expert_parallel = 1
+    k.kv_replicas = 1
+    k.mfu = 0.5
+    k.mbu = 0.8
+    k.step_overhead_ms = 2.0
+    k.per_seq_overhead_us = 5.0
+    k.memory_utilization = 0.9
+    k.page_size = 16
+    k.pool_gbps = 20.0  # KV pool import/export bandwidth per instance (GB/s)
+    k.max_batch_size = 256
+    k.max_prefill_tokens = 8192
+    # Simulation fidelity: at most this many decode iterations per simulated step (1 = exact).
+    k.macro_steps = 64
+    # Calibrated mode: a `seer-jax bench --profile` JSON replaces the roofline step time.
+    k.profile_path = ""
+    k.kv_capacity_tokens = 0  # >0 overrides the computed KV capacity (required with a profile)
+
+    r = c.controller = ml_collections.ConfigDict()
+    r.chunk_size = 8192
+    r.balance_threshold = 32
+
+    s = c.spec = ml_collections.ConfigDict()
+    # Per-position conditional acceptance rates of grouped drafts once the group has context,
+    # and of a request drafting only from its own prompt/output (no finished siblings).
+    s.acceptance = [0.75, 0.65, 0.55, 0.5, 0.45, 0.4, 0.35, 0.3]
+    s.solo_acceptance = [0.45, 0.35, 0.25, 0.2, 0.15, 0.1, 0.1, 0.1]
+    s.gamma_max = 8
+    s.priority_weight = 2.0  # lambda of the high-priority class in the budget
+    s.draft_overhead_ms = 0.2  # host-side drafting per step
+
+    sw = c.sweep = ml_collections.ConfigDict()
+    sw.iccs = [0.0, 0.3, 0.6, 0.9]
+    sw.sigmas = [0.6, 1.1, 1.6]
+    sw.num_prompts = 0  # 0 = the workload's num_prompts
+    sw.policies = "seer,group_round_robin,request_fcfs"
+    return c
+
+
+def _check(key: str, value, ok: bool, allowed: str) -> None:
+    if not ok:
+        raise ConfigError(f"config.{key}={value!r} is invalid; allowed: {allowed}")
+
+
+def validate_config(cfg: ml_collections.ConfigDict) -> None:
+    """Raise ConfigError for the first invalid value (named key, value, what is allowed)."""
+    _check("seed", cfg.seed, isinstance(cfg.seed, int) and cfg.seed >= 0, "an int >= 0")
+    policy_list(cfg.policies)
+    _check("baseline", cfg.baseline, cfg.baseline in KNOWN_POLICIES, f"one of {KNOWN_POLICIES}")
+    w = cfg.workload
+    if w.preset:
+        _check("workload.preset", w.preset, w.preset in wl.WORKLOAD_PRESETS,
+               f"'' or one of {sorted(wl.WORKLOAD_PRESETS)}")
+    _check("workload.max_tokens", w.max_tokens, w.max_tokens >= 1, ">= 1")
+    if not w.trace_path:
+        _check("workload.num_prompts", w.num_prompts, w.num_prompts >= 1, ">= 1")
+        _check("workload.group_size", w.group_size, w.group_size >= 1, ">= 1")
+        _check("workload.sigma", w.sigma, w.sigma >= 0, ">= 0")
+        _check("workload.icc", w.icc, 0 <= w.icc <= 1, "in [0, 1]")
+        _check("workload.truncated_fraction", w.truncated_fraction,
+               0 < w.truncated_fraction < 1, "in (0, 1)")
+        _check("workload.min_tokens", w.min_tokens, 1 <= w.min_tokens <= w.max_tokens,
+               "in [1, workload.max_tokens]")
+        _check("workload.prompt_len", w.prompt_len, w.prompt_len >= 1, ">= 1")
+        _check("workload.prompt_len_sigma", w.prompt_len_sigma, w.prompt_len_sigma >= 0, ">= 0")
+    _check("workload.trace_num_groups", w.trace_num_groups, w.trace_num_groups >= 0, ">= 0")
+
+    k = cfg.cluster
+    _check("cluster.num_instances", k.num_instances, k.num_instances >= 1, ">= 1")
+    cm.get_model(k.model)  # raises "unknown model"
+    if not (k.peak_tflops and k.hbm_gbps and k.hbm_gib):
+        try:
+            cm.get_accelerator(k.accelerator)
+        except ConfigError as e:
+            raise ConfigError(f"config.cluster.accelerator: {e}") from None
+    for key in ("peak_tflops", "hbm_gbps", "hbm_gib"):
+        _check(f"cluster.{key}", k[key], k[key] >= 0, ">= 0 (0 = the accelerator preset's value)")
+    _check("cluster.chips_per_instance", k.chips_per_instance, k.chips_per_instance >= 1, ">= 1")
+    _check("cluster.expert_parallel", k.expert_parallel, k.expert_parallel >= 1, ">= 1")
+    _check("cluster.kv_replicas", k.kv_replicas, k.kv_replicas >= 1, ">= 1")
+    _check("cluster.mfu", k.mfu, 0 < k.mfu <= 1, "in (0, 1]")
+    _check("cluster.mbu", k.mbu, 0 < k.mbu <= 1, "in (0, 1]")
+    _check("cluster.step_overhead_ms", k.step_overhead_ms, k.step_overhead_ms >= 0, ">= 0")
+    _check("cluster.per_seq_overhead_us", k.per_seq_overhead_us, k.per_seq_overhead_us >= 0,
+           ">= 0")
+    _check("cluster.memory_utilization", k.memory_utilization, 0 < k.memory_utilization <= 1,
+           "in (0, 1]")
+    _check("cluster.page_size", k.page_size, k.page_size >= 1, ">= 1")
+    _check("cluster.pool_gbps", k.pool_gbps, k.pool_gbps > 0, "> 0")
+    _check("cluster.max_batch_size", k.max_batch_size, k.max_batch_size >= 1, ">= 1")
+    _check("cluster.macro_steps", k.macro_steps, k.macro_steps >= 1, ">= 1")
+    _check("cluster.max_prefill_tokens", k.max_prefill_tokens, k.max_prefill_tokens >= 1, ">= 1")
+    _check("cluster.kv_capacity_tokens", k.kv_capacity_tokens, k.kv_capacity_tokens >= 0,
+           ">= 0 (0 = computed from HBM)")
+    if k.profile_path and not k.kv_capacity_tokens:
+        raise ConfigError(
+            "config.cluster.kv_capacity_tokens must be > 0 with cluster.profile_path "
+            "(a step profile says nothing about memory)"
+        )
+
+    r = cfg.controller
+    _check("controller.chunk_size", r.chunk_size, r.chunk_size >= 1, ">= 1")
+    _check("controller.balance_threshold", r.balance_threshold, r.balance_threshold >= 0, ">= 0")
+
+    s = cfg.spec
+    for key in ("acceptance", "solo_acceptance"):
+        rates = list(s[key])
+        _check(f"spec.{key}", rates, len(rates) >= 1 and all(0 <= x <= 1 for x in rates),
+               "a non-empty list of rates in [0, 1]")
+    _check("spec.gamma_max", s.gamma_max, 0 <= s.gamma_max <= 64, "in [0, 64]")
+    _check("spec.priority_weight", s.priority_weight, s.priority_weight > 0, "> 0")
+    _check("spec.draft_overhead_ms", s.draft_overhead_ms, s.draft_overhead_ms >= 0, ">= 0")
+
+    sw = cfg.sweep
+    _check("sweep.iccs", list(sw.iccs), len(sw.iccs) >= 1 and all(0 <= x <= 1 for x in sw.iccs),
+           "a non-empty list of values in [0, 1]")
+    _check("sweep.sigmas", list(sw.sigmas), len(sw.sigmas) >= 1 and all(x >= 0 for x in sw.sigmas),
+           "a non-empty list of values >= 0")
+    _check("sweep.num_prompts", sw.num_prompts, sw.num_prompts >= 0, ">= 0")
+    policy_list(sw.policies)
+    # Finally build the cost model once: capacity problems (weights do not fit) surface here.
+    build_cost_model(cfg).kv_capacity_pages()
+
+
+def policy_list(spec: str) -> list[str]:
+    names = [p.strip() for p in str(spec).split(",") if p.strip()]
+    if not names:
+        raise ConfigError("config.policies is empty; give a comma-separated list of policies")
+    bad = [p for p in names if p not in KNOWN_POLICIES]
+    if bad:
+        raise ConfigError(f"unknown policy {bad[0]!r}; allowed: {', '.join(KNOWN_POLICIES)}")
+    return names
+
+
+# ----------------------------------------------------------------------------------------------
+# Builders
+# ----------------------------------------------------------------------------------------------
+
+
+def build_accelerator(cfg: ml_collections.ConfigDict) -> cm.AcceleratorSpec:
+    k = cfg.cluster
+    if k.peak_tflops and k.hbm_gbps and k.hbm_gib:
+        base = cm.AcceleratorSpec(k.accelerator or "custom", 0.0, 0.0, 0.0)
+    else:
+        base = cm.get_accelerator(k.accelerator)
+    return cm.AcceleratorSpec(
+        base.name,
+        k.peak_tflops * 1e12 if k.peak_tflops else base.peak_flops,
+        k.hbm_gbps * 1e9 if k.hbm_gbps else base.hbm_bytes_per_s,
+        k.hbm_gib * cm.GIB if k.hbm_gib else base.hbm_bytes,
+    )
+
+
+def build_cost_model(cfg: ml_collections.ConfigDict):
+    """The step-time model of one instance: roofline, or a calibrated profile."""
+    k = cfg.cluster
+    model = cm.get_model(k.model)
+    if k.profile_path:
+        return cm.ProfileCostModel(
+            cm.StepProfile.load(k.profile_path),
+            kv_capacity_tokens_=int(k.kv_capacity_tokens),
+            page_size=int(k.page_size),
+            pool_bytes_per_s=k.pool_gbps * 1e9,
+            kv_bytes_per_token=model.kv_bytes_per_token,
+        )
+    roof = cm.RooflineCostModel(
+        model=model,
+        accelerator=build_accelerator(cfg),
+        chips=int(k.chips_per_instance),
+        expert_parallel=int(k.expert_parallel),
+        kv_replicas=int(k.kv_replicas),
+        mfu=float(k.mfu),
+        mbu=float(k.mbu),
+        step_overhead_s=k.step_overhead_ms * 1e-3,
+        per_seq_overhead_s=k.per_seq_overhead_us * 1e-6,
+        memory_utilization=float(k.memory_utilization),
+        page_size=int(k.page_size),
+        pool_bytes_per_s=k.pool_gbps * 1e9,
+    )
+    return roof
+
+
+def kv_capacity_pages(cfg: ml_collections.ConfigDict, cost) -> int:
+    k = cfg.cluster
+    if k.kv_capacity_tokens:
+        return int(k.kv_capacity_tokens) // int(k.page_size)
+    return cost.kv_capacity_pages()
+
+
+def build_workload(cfg: ml_collections.ConfigDict, seed: int | None = None) -> wl.Workload:
+    w = cfg.workload
+    seed = cfg.seed if seed is None else seed
+    if w.trace_path:
+        work = wl.load_trace(w.trace_path, max_tokens=w.max_tokens or None)
+        if w.trace_num_groups:
+            work = wl.scale_workload(work, int(w.trace_num_groups), seed=seed)
+        return work
+    lm = wl.LengthModel(
+        num_prompts=int(w.num_prompts),
+        group_size=int(w.group_size),
+        max_tokens=int(w.max_tokens),
+        sigma=float(w.sigma),
+        icc=float(w.icc),
+        truncated_fraction=float(w.truncated_fraction),
+        min_tokens=int(w.min_tokens),
+        prompt_len=int(w.prompt_len),
+        prompt_len_sigma=float(w.prompt_len_sigma),
+    )
+    return wl.synthetic_workload(lm, seed=seed, name=w.preset or cfg.name)
+
+
+def preset_workload_fields(name: str) -> dict:
+    """The workload.* values of a paper-shaped preset (configs/sim files use this)."""
+    lm = wl.WORKLOAD_PRESETS[name]
+    return {
+        "preset": name,
+        "num_prompts": lm.num_prompts,
+        "group_size": lm.group_size,
+        "max_tokens": lm.max_tokens,
+        "sigma": lm.sigma,
+        "icc": lm.icc,
+        "truncated_fraction": lm.truncated_fraction,
+        "min_tokens": lm.min_tokens,
+        "prompt_len": lm.prompt_len,
+        "prompt_len_sigma": lm.prompt_len_sigma,
+    }
+
+
+# ----------------------------------------------------------------------------------------------
+# Running the real controller on simulated instances
+# ----------------------------------------------------------------------------------------------
+
+PROMPT_TOKEN_ID = 7  # simulated prompts are runs of one token; only their length matters
+
+
+@dataclasses.dataclass
+class _LightResult:
+    """What `rollout.report.build_report` reads from a response (without copying its tokens)."""
+
+    num_tokens: int
+    group_index: int
+    finished_at: float
+    submitted_at: float
+    finish_reason: str
+
+    @property
+    def latency_s(self) -> float:
+        return self.finished_at - self.submitted_at
+
+
+@dataclasses.dataclass
+class SimRun:
+    """One simulated rollout of one policy."""
+
+    label: str
+    policy: str
+    speculation: bool
+    report: Any  # seer_jax.rollout.report.RolloutReport
+    latencies: np.ndarray  # [num_responses] seconds
+    steps: np.ndarray  # [num_steps, 4]: instance, start_s, end_s, batch size
+    num_instances: int
+    wall_s: float
+    driver_steps: int
+    iterations: int
+    controller: Any = None  # the Controller, when simulate(keep_controller=True)
+
+    @property
+    def events_per_s(self) -> float:
+        return self.driver_steps / self.wall_s if self.wall_s > 0 else 0.0
+
+    def row(self) -> dict:
+        r = self.report
+        return {
+            "label": self.label,
+            "policy": self.policy,
+            "speculation": self.speculation,
+            "tokens_per_s": r.tokens_per_s,
+            "makespan_s": r.makespan_s,
+            "tail_s": r.tail_s,
+            "latency_p50_s": r.latency_p50_s,
+            "latency_p90_s": r.latency_p90_s,
+            "latency_p99_s": r.latency_p99_s,
+            "latency_max_s": r.latency_max_s,
+            "idle_fraction": 1.0 - r.mean_busy_fraction,
+            "preemptions": r.preemptions,
+            "migrations": r.migrations,
+            "chunks": r.chunks,
+            "spec_acceptance": r.spec_acceptance,
+            "output_tokens": r.output_tokens,
+            "length_icc": r.length_icc,
+            "sim_wall_s": self.wall_s,
+            "sim_events": self.driver_steps,
+            "sim_events_per_s": self.events_per_s,
+            "sim_iterations": self.iterations,
+        }
+
+    def in_flight_series(self, num_bins: int = 500) -> tuple[np.ndarray, np.ndarray]:
+        """Running sequences summed over instances, time-averaged in `num_bins` bins."""
+        from seer_jax.sim.plots import bin_timeline
+
+        edges, busy, batch = bin_timeline(self.steps, self.num_instances,
+                                          self.report.makespan_s, num_bins)
+        return edges[:-1], (busy * batch).sum(axis=0)
+
+
+def spec_model(cfg: ml_collections.ConfigDict):
+    from seer_jax.sim.spec_instance import SpecModel
+
+    s = cfg.spec
+    return SpecModel(
+        acceptance=tuple(float(x) for x in s.acceptance),
+        solo_acceptance=tuple(float(x) for x in s.solo_acceptance),
+        gamma_max=int(s.gamma_max),
+        priority_weight=float(s.priority_weight),
+        draft_overhead_s=float(s.draft_overhead_ms) * 1e-3,
+    )
+
+
+def simulate(
+    cfg: ml_collections.ConfigDict,
+    policy: str,
+    *,
+    speculation: bool = False,
+    workload: wl.Workload | None = None,
+    label: str | None = None,
+    num_instances: int | None = None,
+    keep_controller: bool = False,
+) -> SimRun:
+    """Run the real controller with `policy` over simulated instances; returns the run and its
+    `RolloutReport` (same metrics as `seer-jax rollout`)."""
+    from seer_jax.rollout.controller import Controller
+    from seer_jax.rollout.driver import EmulatedClusterDriver
+    from seer_jax.rollout.kv_pool import HostKVPool
+    from seer_jax.rollout.report import build_report
+    from seer_jax.sim.spec_instance import FastSimInstance, GroupProgress
+
+    policy_list(policy)
+    work = workload if workload is not None else build_workload(cfg)
+    sizes = np.bincount(work.group_index)
+    if sizes.min() != sizes.max():
+        raise ConfigError(
+            f"workload {work.name!r} has groups of different sizes ({sizes.min()}..{sizes.max()}); "
+            "the controller samples every prompt the same number of times"
+        )
+    group_size = int(sizes[0])
+    k = cfg.cluster
+    n_inst = int(num_instances or k.num_instances)
+    cost = build_cost_model(cfg)
+    pages = kv_capacity_pages(cfg, cost)
+    pool = HostKVPool()
+    lengths: dict[str, int] = {}
+    group_prompt_len: list[int] = []
+    for g, idx in enumerate(work.groups()):
+        gid = work.group_ids[g]
+        group_prompt_len.append(int(work.prompt_len[idx[0]]))
+        for j, i in enumerate(idx):
+            lengths[f"{gid}/{j}"] = int(work.output_len[i])
+    progress = GroupProgress(group_size)
+    spec = spec_model(cfg) if speculation else None
+    kv_bytes = int(cm.get_model(k.model).kv_bytes_per_token)
+    instances = [
+        FastSimInstance(
+            i, lengths, pool=pool, kv_capacity_pages=pages, page_size=int(k.page_size),
+            max_batch_size=int(k.max_batch_size), max_prefill_tokens=int(k.max_prefill_tokens),
+            step_time=cost.step_time, kv_bytes_per_token=kv_bytes,
+            pool_bandwidth_bytes_per_s=k.pool_gbps * 1e9, macro_steps=int(k.macro_steps),
+            spec=spec, progress=progress,
+        )
+        for i in range(n_inst)
+    ]
+    prompts = [(PROMPT_TOKEN_ID,) * p for p in group_prompt_len]
+    ctl = Controller(
+        prompts, group_size=group_size, max_tokens=int(work.max_tokens), instances=instances,
+        policy=policy,
+        config={"chunk_size": int(cfg.controller.chunk_size),
+                "balance_threshold": int(cfg.controller.balance_threshold)},
+        pool=pool, group_ids=list(work.group_ids),
+        oracle_lengths=lengths if policy == "oracle_lfs" else None,
+    )
+    driver = EmulatedClusterDriver(ctl)
+    t0 = time.perf_counter()
+    driver.run()
+    wall = time.perf_counter() - t0
+    light = [
+        _LightResult(r.generated, r.group.index, float(r.finished_at), float(r.submitted_at),
+                     str(r.finish_reason))
+        for g in ctl.groups for r in g.requests
+    ]
+    report = build_report(light, ctl, driver, pool=pool)
+    steps = []
+    for inst in instances:
+        tl = inst.timeline()
+        if len(tl):
+            steps.append(np.concatenate([np.full((len(tl), 1), inst.instance_id), tl], axis=1))
+    steps_arr = np.concatenate(steps) if steps else np.zeros((0, 4))
+    return SimRun(
+        label=label or (policy + (" + grouped SD" if speculation else "")),
+        policy=policy,
+        speculation=speculation,
+        report=report,
+        latencies=np.array([x.latency_s for x in light]),
+        steps=steps_arr,
+        num_instances=n_inst,
+        wall_s=wall,
+        driver_steps=sum(tl.steps for tl in driver.timelines),
+        iterations=sum(inst.iterations for inst in instances),
+        controller=ctl if keep_controller else None,
+    )
+
+
+# ----------------------------------------------------------------------------------------------
+# Comparisons, ablation, sweep
+# ----------------------------------------------------------------------------------------------
+
+ABLATION_STEPS = (
+    ("divided (request_fcfs)", "request_fcfs", False),
+    ("+ context (seer)", "seer", False),
+    ("+ grouped SD (seer + spec)", "seer", True),
+)
+
+
+def compare(cfg: ml_collections.ConfigDict, policies: list[str] | None = None,
+            workload: wl.Workload | None = None) -> dict[str, SimRun]:
+    """Each policy on the same workload (same lengths, same seed)."""
+    work = workload if workload is not None else build_workload(cfg)
+    names = policies or policy_list(cfg.policies)
+    return {p: simulate(cfg, p, workload=work) for p in names}
+
+
+def ablation(cfg: ml_collections.ConfigDict, workload: wl.Workload | None = None,
+             include_baseline: bool = True) -> dict[str, SimRun]:
+    """The paper's ladder: divided rollout only -> + context-aware scheduling -> + grouped SD
+    (and the group_round_robin baseline the ratios refer to)."""
+    work = workload if workload is not None else build_workload(cfg)
+    runs: dict[str, SimRun] = {}
+    if include_baseline:
+        runs["group_round_robin"] = simulate(cfg, "group_round_robin", workload=work)
+    for label, pol, spec in ABLATION_STEPS:
+        runs[label] = simulate(cfg, pol, speculation=spec, workload=work, label=label)
+    return runs
+
+
+def summarize(runs: dict[str, SimRun], baseline: str = "group_round_robin") -> dict[str, dict]:
+    """The JSON `summary`: per run tokens_per_s, makespan_s, tail_s, latency percentiles, idle
+    fraction, preemptions and ratios vs `baseline` (`tokens_per_s_ratio_vs_<b>`,
+    `makespan_ratio_vs_<b>`, `tail_reduction_vs_<b>` in 0..1)."""
+    base = runs.get(baseline)
+    out = {}
+    for name, run in runs.items():
+        row = {k: v for k, v in run.row().items() if k not in ("label",)}
+        if base is not None:
+            b = base.report
+            r = run.report
+            row[f"tokens_per_s_ratio_vs_{baseline}"] = (
+                r.tokens_per_s / b.tokens_per_s if b.tokens_per_s > 0 else None)
+            row[f"makespan_ratio_vs_{baseline}"] = (
+                r.makespan_s / b.makespan_s if b.makespan_s > 0 else None)
+            row[f"tail_reduction_vs_{baseline}"] = (
+                min(1.0, max(0.0, 1.0 - r.tail_s / b.tail_s)) if b.tail_s > 0 else None)
+        out[name] = row
+    return out
+
+
+def sweep(cfg: ml_collections.ConfigDict, progress=None) -> dict:
+    """Seer's gain over group_round_robin and request_fcfs across ICC x tail heaviness.
+
+    The workload keeps the config's max_tokens / truncation / group size; `sweep.num_prompts`
+    (0 = the config's) sets its size, and the instance count scales with it so the load per
+    instance stays the same as in the config."""
+    sw = cfg.sweep
+    base_prompts = int(cfg.workload.num_prompts)
+    n_prompts = int(sw.num_prompts) or base_prompts
+    n_inst = max(1, round(int(cfg.cluster.num_instances) * n_prompts / base_prompts))
+    pols = policy_list(sw.policies)
+    if "seer" not in pols:
+        raise ConfigError("config.sweep.policies must include seer")
+    iccs = [float(x) for x in sw.iccs]
+    sigmas = [float(x) for x in sw.sigmas]
+    cells = []
+    gains = {p: np.zeros((len(sigmas), len(iccs))) for p in pols if p != "seer"}
+    tails = {p: np.zeros((len(sigmas), len(iccs))) for p in pols if p != "seer"}
+    for j, s in enumerate(sigmas):
+        for i, icc in enumerate(iccs):
+            c = _with_workload(cfg, num_prompts=n_prompts, icc=icc, sigma=s)
+            work = build_workload(c)
+            runs = {p: simulate(c, p, workload=work, num_instances=n_inst) for p in pols}
+            seer = runs["seer"].report
+            cell = {"icc_target": icc, "sigma": s,
+                    "icc_measured": wl.length_icc(work.output_len, work.group_index),
+                    "top10_token_share": work.stats()["longest_10pct_token_share"]}
+            for p, run in runs.items():
+                cell[f"{p}_tokens_per_s"] = run.report.tokens_per_s
+                cell[f"{p}_tail_s"] = run.report.tail_s
+                if p != "seer":
+                    gains[p][j, i] = seer.tokens_per_s / run.report.tokens_per_s
+                    tails[p][j, i] = 1.0 - seer.tail_s / run.report.tail_s if run.report.tail_s \
+                        else 0.0
+                    cell[f"seer_tokens_per_s_ratio_vs_{p}"] = gains[p][j, i]
+                    cell[f"seer_tail_reduction_vs_{p}"] = tails[p][j, i]
+            cells.append(cell)
+            if progress:
+                progress(cell)
+    return {"iccs": iccs, "sigmas": sigmas, "num_prompts": n_prompts, "num_instances": n_inst,
+            "cells": cells, "gain": {p: g.tolist() for p, g in gains.items()},
+            "tail_reduction": {p: t.tolist() for p, t in tails.items()}}
+
+
+def _with_workload(cfg: ml_collections.ConfigDict, **fields) -> ml_collections.ConfigDict:
+    c = ml_collections.ConfigDict(cfg.to_dict())
+    for k, v in fields.items():
+        c.workload[k] = v
+    return c
+
+
+def write_plots(runs: dict[str, SimRun], out_dir, title: str = "") -> list:
+    """Timelines per run, the latency CDF and tokens in flight of all runs; returns the paths."""
+    import pathlib
+
+    from seer_jax.sim import plots
+
+    out = pathlib.Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for name, run in runs.items():
+        slug = "".join(ch if ch.isalnum() else "_" for ch in name).strip("_")
+        paths.append(plots.plot_instance_timelines(
+            run.steps, run.num_instances, run.report.makespan_s,
+            out / f"timeline_{slug}.png", title=f"{title} {name}: batch size per instance".strip()))
+    paths.append(plots.plot_latency_cdf({n: r.latencies for n, r in runs.items()},
+                                        out / "latency_cdf.png", title=f"{title} latency CDF"))
+    paths.append(plots.plot_tokens_in_flight(
+        {n: r.in_flight_series() for n, r in runs.items()}, out / "tokens_in_flight.png",
+        ylabel="running sequences (all instances)", title=f"{title} tokens in flight".strip()))
+    return paths
+
+
+# ----------------------------------------------------------------------------------------------
+# Calibration from a measured run
+# ----------------------------------------------------------------------------------------------
+
+
+def calibrated_config(
+    trace_path: str,
+    profile_path: str,
+    *,
+    num_instances: int,
+    kv_capacity_tokens: int,
+    chunk_size: int,
+    model: str = "smollm2-135m",
+    page_size: int = 16,
+    max_batch_size: int = 256,
+    max_prefill_tokens: int = 8192,
+    balance_threshold: int = 32,
+    max_tokens: int = 0,
+    pool_gbps: float = 20.0,
+) -> ml_collections.ConfigDict:
+    """A config that replays a rollout trace (JSONL written by `seer-jax rollout`) on instances
+    whose step time comes from a measured profile (`seer-jax bench --profile`)."""
+    c = default_config()
+    c.name = f"calibrated:{trace_path}"
+    c.workload.trace_path = str(trace_path)
+    c.workload.max_tokens = int(max_tokens or wl.load_trace(trace_path).max_tokens)
+    c.cluster.num_instances = int(num_instances)
+    c.cluster.model = model
+    c.cluster.profile_path = str(profile_path)
+    c.cluster.kv_capacity_tokens = int(kv_capacity_tokens)
+    c.cluster.page_size = int(page_size)
+    c.cluster.max_batch_size = int(max_batch_size)
+    c.cluster.max_prefill_tokens = int(max_prefill_tokens)
+    c.cluster.pool_gbps = float(pool_gbps)
+    c.cluster.macro_steps = 1  # small runs: exact iterations
+    c.controller.chunk_size = int(chunk_size)
+    c.controller.balance_threshold = int(balance_threshold)
+    validate_config(c)
+    return c
+
+
+def predict_from_trace(trace_path: str, profile_path: str, policies: list[str] | None = None,
+                       **kw) -> dict[str, dict]:
+    """Calibrate from a trace + step profile and predict per policy tokens_per_s, makespan_s,
+    tail_s (the cross-check against an emulated run). kw: see `calibrated_config`."""
+    cfg = calibrated_config(trace_path, profile_path, **kw)
+    runs = compare(cfg, policies or ["seer", "group_round_robin", "request_fcfs", "oracle_lfs"])
+    return summarize(runs)
