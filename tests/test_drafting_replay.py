@@ -1,0 +1,125 @@
+"""Replay study, modelled tail, rollout files and the drafting benchmark entry point."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import pathlib
+
+import pytest
+
+from seer_jax.errors import InputError
+from seer_jax.rollout.drafting import BudgetConfig, DraftConfig, SpeculationBudget
+from seer_jax.rollout.drafting.replay import (
+    ArcticDrafter,
+    GroupRollout,
+    OursDrafter,
+    ReplayStats,
+    load_rollouts_jsonl,
+    replay,
+    replay_group,
+    save_rollouts_jsonl,
+    simulate_tail,
+)
+from seer_jax.rollout.drafting.synthetic import synthetic_groups
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def test_replay_counts_accepted_tokens_exactly():
+    # Two identical responses; lock-step, no stagger. Request 1 sees request 0's text only up
+    # to the same position, so nothing to copy from the sibling; staggered by 3 steps it can.
+    resp = [10, 11, 12, 13, 14, 15]
+    g = GroupRollout("g", [1, 2], [resp, list(resp)])
+    lock = ReplayStats()
+    replay_group(g, OursDrafter.factory(DraftConfig(min_prob=0.0))(g), lock)
+    assert lock.steps == 12 and lock.accepted == 0
+    stag = ReplayStats()
+    replay_group(g, OursDrafter.factory(DraftConfig(min_prob=0.0))(g), stag, stagger=[0, 3])
+    # request 1 at position p sees min(p + 3, 6) sibling tokens: its draft is the sibling's
+    # tokens after its own text, all correct: 3, 3, 3, 3 (p=0..3), then the 2 and 1 left
+    assert stag.accepted == stag.proposed == 3 + 3 + 3 + 3 + 2 + 1
+    assert stag.specs == 6
+    s = stag.summary()
+    assert s["accepted_per_step"] == pytest.approx((stag.accepted + 12) / 12)
+
+
+def test_group_modes_beat_per_request_on_shared_phrases():
+    groups = synthetic_groups(4, 6, 120, mix="structured", seed=3)
+    per = replay(groups, OursDrafter.factory(DraftConfig(mode="per_request"))).summary()
+    grp = replay(groups, OursDrafter.factory(DraftConfig(mode="group"))).summary()
+    tree = replay(groups, OursDrafter.factory(DraftConfig(), 16, 8, 4)).summary()
+    assert grp["accepted_per_spec"] > 2 * per["accepted_per_spec"]
+    assert tree["accepted_per_step"] >= grp["accepted_per_step"]
+    assert tree["draft_tokens_per_spec"] > grp["draft_tokens_per_spec"]
+
+
+def test_rollouts_jsonl_roundtrip_and_errors(tmp_path):
+    groups = synthetic_groups(2, 3, 20, seed=1)
+    path = tmp_path / "r.jsonl"
+    save_rollouts_jsonl(path, groups)
+    back = load_rollouts_jsonl(path)
+    assert [(g.group_id, g.prompt_ids, g.responses) for g in back] == [
+        (g.group_id, g.prompt_ids, g.responses) for g in groups
+    ]
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"group_id": "x", "responses": [[1]]}\n')
+    with pytest.raises(InputError, match="prompt_ids"):
+        load_rollouts_jsonl(bad)
+    with pytest.raises(InputError, match="not found"):
+        load_rollouts_jsonl(tmp_path / "missing.jsonl")
+
+
+def _roofline(b, g):
+    n = b * (1 + g)
+    return 1e-3 + max(4e-3, 4e-3 * n / 256) + 2e-6 * n
+
+
+def test_tail_model_speeds_up_repetitive_groups_and_finishes_every_request():
+    groups = synthetic_groups(4, 8, 160, mix="structured", seed=5)
+    budget = SpeculationBudget(_roofline, BudgetConfig(beta_init=0.5))
+    tail = simulate_tail(groups, budget, DraftConfig(), tail_fraction=0.25)
+    assert tail["requests"] == 32
+    assert tail["steps_spec"] < tail["steps_plain"]
+    assert tail["tail_speedup"] > 1.0
+    # the budget learned from the outcomes
+    assert budget.stats.observations[0] > 0
+
+
+def test_tail_model_without_speculation_when_budget_is_off():
+    groups = synthetic_groups(2, 4, 80, mix="natural", seed=2)
+    # step time linear in tokens: every draft token costs as much as a decode, never worth it
+    budget = SpeculationBudget(lambda b, g: 1e-3 * b * (1 + g), BudgetConfig(beta_init=0.9))
+    tail = simulate_tail(groups, budget)
+    assert tail["steps_spec"] == tail["steps_plain"]
+    assert tail["tail_speedup"] == pytest.approx(1.0)
+
+
+@pytest.mark.skipif(not ArcticDrafter.available(), reason="arctic-inference not installed")
+def test_arctic_peer_sees_siblings_only_in_group_mode():
+    g = GroupRollout("g", [1, 2], [[10, 11, 12, 13, 14, 15, 16, 17], [10, 11, 12]])
+    arctic_group = ArcticDrafter(g, siblings=True, max_spec_factor=4.0, min_token_prob=0.0)
+    arctic_own = ArcticDrafter(g, siblings=False, max_spec_factor=4.0, min_token_prob=0.0)
+    for drafter in (arctic_group, arctic_own):
+        for i, r in enumerate(g.responses):
+            for t in r:
+                drafter.append(i, t)
+    ctx = [1, 2, 10, 11, 12]
+    assert arctic_group.speculate(1, ctx).tokens.tolist()[:3] == [13, 14, 15]
+    assert len(arctic_own.speculate(1, ctx)) == 0
+
+
+def test_benchmark_script_writes_summary(tmp_path):
+    spec = importlib.util.spec_from_file_location("bench_drafting", ROOT / "benchmarks/drafting.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    rollouts = tmp_path / "r.jsonl"
+    save_rollouts_jsonl(rollouts, synthetic_groups(3, 4, 60, mix="structured", seed=0))
+    out = tmp_path / "report.json"
+    assert mod.main(["--rollouts", str(rollouts), "--json", str(out), "--no-arctic"]) == 0
+    rep = json.loads(out.read_text())
+    acc = rep["summary"]["accepted_per_spec"]
+    assert set(acc) == {"per_request", "group", "group_multipath"}
+    assert acc["group"] > acc["per_request"]
+    assert rep["summary"]["tail_speedup"] > 0
+    assert rep["summary"]["best_group_accepted_per_spec_ratio_vs_per_request"] > 1
