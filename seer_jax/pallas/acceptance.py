@@ -39,6 +39,27 @@ class AcceptResult(NamedTuple):
     logprobs: jax.Array  # [S, N+1] f32 logprob of each emitted token, 0 pad
 
 
+def _order_key(x: jax.Array) -> jax.Array:
+    """int32 key with the same order as the float32 values x (finite or -inf)."""
+    i = jax.lax.bitcast_convert_type(x.astype(jnp.float32), jnp.int32)
+    return jnp.where(i < 0, i ^ jnp.int32(0x7FFFFFFF), i)
+
+
+def _largest_threshold(key: jax.Array, ok) -> jax.Array:
+    """Per row, the largest int32 t with ok(key >= t) true (ok monotone: true at t = min)."""
+    lo = jnp.full(key.shape[:-1] + (1,), jnp.iinfo(jnp.int32).min, jnp.int32)
+    hi = jnp.full_like(lo, jnp.iinfo(jnp.int32).max)
+
+    def body(_, c):
+        lo, hi = c
+        mid = (lo & hi) + ((lo ^ hi) >> 1) + ((lo ^ hi) & 1)  # upper midpoint, no overflow
+        good = ok(key >= mid)
+        return jnp.where(good, mid, lo), jnp.where(good, hi, mid - 1)
+
+    lo, _ = jax.lax.fori_loop(0, 32, body, (lo, hi))
+    return lo
+
+
 def sampling_log_probs(
     logits: jax.Array,  # [..., V]
     temperature: jax.Array,  # [...]
@@ -47,31 +68,37 @@ def sampling_log_probs(
 ) -> jax.Array:
     """Log-probs [..., V] (f32) of the sampling distribution; filtered tokens are -inf.
 
-    Greedy rows (temperature <= 0) return the raw log_softmax of the logits.
+    Greedy rows (temperature <= 0) return the raw log_softmax of the logits. Thresholds are
+    found by exact bisection over the float order (no vocab sort); the filter is skipped when
+    no row asks for one.
     """
     logits = logits.astype(jnp.float32)
     vocab = logits.shape[-1]
     temperature = jnp.asarray(temperature, jnp.float32)
     greedy = temperature <= 0
     scaled = logits / jnp.where(greedy, 1.0, temperature)[..., None]
-    srt = -jnp.sort(-scaled, axis=-1)  # descending
     k = jnp.asarray(top_k, jnp.int32)
-    k = jnp.where((k <= 0) | (k > vocab), vocab, k)
-    kth = jnp.take_along_axis(srt, (k - 1)[..., None], axis=-1)  # [..., 1]
-    keep_k = scaled >= kth
-    # top-p on the renormalised top-k distribution, over the sorted values.
-    srt_k = jnp.where(jnp.arange(vocab) < k[..., None], srt, -jnp.inf)
-    p_sorted = jax.nn.softmax(srt_k, axis=-1)
-    mass_before = jnp.cumsum(p_sorted, axis=-1) - p_sorted
-    top_p = jnp.asarray(top_p, jnp.float32)
-    keep_sorted = (mass_before < top_p[..., None]) | (top_p[..., None] >= 1.0)
-    keep_sorted = keep_sorted & (jnp.arange(vocab) < k[..., None])
-    n_keep = jnp.maximum(jnp.sum(keep_sorted, axis=-1), 1)
-    pth = jnp.take_along_axis(srt, (n_keep - 1)[..., None], axis=-1)
-    keep = keep_k & (scaled >= pth)
-    filtered = jax.nn.log_softmax(jnp.where(keep, scaled, -jnp.inf), axis=-1)
-    raw = jax.nn.log_softmax(logits, axis=-1)
-    return jnp.where(greedy[..., None], raw, filtered)
+    k = jnp.where((k <= 0) | (k > vocab), vocab, k)[..., None]
+    top_p = jnp.asarray(top_p, jnp.float32)[..., None]
+
+    def filtered(scaled):
+        # top-k: keep values >= the k-th largest (ties kept).
+        key = _order_key(scaled)
+        tk = _largest_threshold(key, lambda m: jnp.sum(m, axis=-1, keepdims=True) >= k)
+        kept = jnp.where(key >= tk, scaled, -jnp.inf)
+        # top-p over the renormalised top-k distribution: the smallest set of most likely
+        # tokens whose mass reaches top_p (= all tokens >= the largest such threshold).
+        p = jax.nn.softmax(kept, axis=-1)
+        pkey = _order_key(p)
+        tp = _largest_threshold(
+            pkey, lambda m: jnp.sum(jnp.where(m, p, 0.0), axis=-1, keepdims=True) >= top_p)
+        keep = (pkey >= tp) | (top_p >= 1.0)
+        return jnp.where(keep & (key >= tk), scaled, -jnp.inf)
+
+    need = jnp.any(~greedy[..., None] & ((k < vocab) | (top_p < 1.0)))
+    scaled = jax.lax.cond(need, filtered, lambda x: x, scaled)
+    return jnp.where(greedy[..., None], jax.nn.log_softmax(logits, axis=-1),
+                     jax.nn.log_softmax(scaled, axis=-1))
 
 
 def verify_tree_parents(draft_parents: jax.Array) -> jax.Array:
