@@ -193,3 +193,17 @@ def test_dataclass_row_is_json_ready():
     run = sim.simulate(_cfg("--config.workload.num_prompts=4"), "request_fcfs")
     json.dumps(run.row())
     assert dataclasses.is_dataclass(run)
+
+
+def test_token_unit_coarse_graining_matches_exact_tokens():
+    base = ("--config.workload.num_prompts=12", "--config.workload.max_tokens=4096",
+            "--config.cluster.kv_capacity_tokens=30000")
+    exact = sim.simulate(_cfg(*base), "seer")
+    coarse = sim.simulate(_cfg(*base, "--config.cluster.token_unit=16"), "seer")
+    assert coarse.report.output_tokens == exact.report.output_tokens
+    assert coarse.report.makespan_s == pytest.approx(exact.report.makespan_s, rel=0.05)
+    assert coarse.report.tokens_per_s == pytest.approx(exact.report.tokens_per_s, rel=0.05)
+    assert coarse.driver_steps < exact.driver_steps
+    with pytest.raises(ConfigError, match="token_unit"):
+        sim.validate_config(_cfg(*base[:1], "--config.workload.max_tokens=512",
+                                 "--config.cluster.token_unit=64"))

@@ -15,6 +15,7 @@ def get_config():
     c.cluster.chips_per_instance = 1
     c.cluster.expert_parallel = 256
     c.cluster.memory_utilization = 0.9
+    c.cluster.token_unit = 16  # 100K-token responses: count in units of 16 tokens (~1% fidelity)
     c.controller.chunk_size = 8192
     c.sweep.num_prompts = 160
     return c

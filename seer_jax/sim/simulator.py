@@ -63,15 +63,25 @@ def default_config() -> ml_collections.ConfigDict:
     k.pool_gbps = 20.0  # KV pool import/export bandwidth per instance (GB/s)
     k.max_batch_size = 256
     k.max_prefill_tokens = 8192
-    # Simulation fidelity: at most this many decode iterations per simulated step (1 = exact).
+    # Simulation fidelity: at most this many decode iterations per simulated step (1 = exact),
+    # and how many real tokens one simulated token stands for (1 = exact; 16 for 100K-token
+    # workloads: lengths, chunks and pages are counted in units of token_unit tokens).
     k.macro_steps = 64
+    k.token_unit = 1
     # Calibrated mode: a `seer-jax bench --profile` JSON replaces the roofline step time.
     k.profile_path = ""
     k.kv_capacity_tokens = 0  # >0 overrides the computed KV capacity (required with a profile)
 
     r = c.controller = ml_collections.ConfigDict()
+    # Passed to seer_jax.rollout.controller.ControllerConfig (same keys).
     r.chunk_size = 8192
     r.balance_threshold = 32
+    r.max_in_flight_per_instance = 0
+    r.dispatch_lookahead = 8
+    r.starvation_pops = -1
+    r.estimate_chunks = False
+    r.estimate_margin = 1.25
+    r.min_chunk_size = 32
 
     s = c.spec = ml_collections.ConfigDict()
     # Per-position conditional acceptance rates of grouped drafts once the group has context,
@@ -142,6 +152,9 @@ def validate_config(cfg: ml_collections.ConfigDict) -> None:
     _check("cluster.pool_gbps", k.pool_gbps, k.pool_gbps > 0, "> 0")
     _check("cluster.max_batch_size", k.max_batch_size, k.max_batch_size >= 1, ">= 1")
     _check("cluster.macro_steps", k.macro_steps, k.macro_steps >= 1, ">= 1")
+    _check("cluster.token_unit", k.token_unit, 1 <= k.token_unit <= 1024, "in [1, 1024]")
+    _check("cluster.token_unit", k.token_unit, k.token_unit <= max(1, w.max_tokens // 64),
+           f"<= workload.max_tokens / 64 = {max(1, w.max_tokens // 64)}")
     _check("cluster.max_prefill_tokens", k.max_prefill_tokens, k.max_prefill_tokens >= 1, ">= 1")
     _check("cluster.kv_capacity_tokens", k.kv_capacity_tokens, k.kv_capacity_tokens >= 0,
            ">= 0 (0 = computed from HBM)")
@@ -151,9 +164,12 @@ def validate_config(cfg: ml_collections.ConfigDict) -> None:
             "(a step profile says nothing about memory)"
         )
 
-    r = cfg.controller
-    _check("controller.chunk_size", r.chunk_size, r.chunk_size >= 1, ">= 1")
-    _check("controller.balance_threshold", r.balance_threshold, r.balance_threshold >= 0, ">= 0")
+    from seer_jax.rollout.controller import ControllerConfig
+
+    try:
+        ControllerConfig.from_mapping(cfg.controller.to_dict())
+    except ConfigError as e:
+        raise ConfigError(f"config.controller.{e}") from None
 
     s = cfg.spec
     for key in ("acceptance", "solo_acceptance"):
@@ -356,6 +372,27 @@ class SimRun:
         return edges[:-1], (busy * batch).sum(axis=0)
 
 
+class CoarseStepTime:
+    """Step time when one simulated token stands for `q` real tokens (`cluster.token_unit`):
+    a simulated decode step is q real iterations (context read at its midpoint), a prefill of n
+    simulated tokens is one real step over n·q tokens."""
+
+    def __init__(self, step_time, q: int):
+        self.step_time = step_time
+        self.q = q
+
+    def __call__(self, batch_size: int, num_prefill_tokens: int, num_decode_tokens: int,
+                 kv_tokens_read: int) -> float:
+        q = self.q
+        t = 0.0
+        if num_prefill_tokens:
+            t += self.step_time(batch_size, num_prefill_tokens * q, 0, kv_tokens_read * q)
+        if num_decode_tokens:
+            mid = kv_tokens_read * q + (num_decode_tokens * (q - 1)) // 2
+            t += q * self.step_time(batch_size, 0, num_decode_tokens, mid)
+        return t
+
+
 def spec_model(cfg: ml_collections.ConfigDict):
     from seer_jax.sim.spec_instance import SpecModel
 
@@ -398,35 +435,45 @@ def simulate(
     group_size = int(sizes[0])
     k = cfg.cluster
     n_inst = int(num_instances or k.num_instances)
+    q = int(k.token_unit)
     cost = build_cost_model(cfg)
-    pages = kv_capacity_pages(cfg, cost)
+    page_sim = max(1, int(k.page_size) // q)
+    cap_tokens = (int(k.kv_capacity_tokens) if k.kv_capacity_tokens
+                  else cost.kv_capacity_tokens())
+    pages = cap_tokens // (page_sim * q)
     pool = HostKVPool()
-    lengths: dict[str, int] = {}
+    lengths: dict[str, int] = {}  # in simulated tokens (units of q real tokens)
+    real_len: dict[str, int] = {}
     group_prompt_len: list[int] = []
     for g, idx in enumerate(work.groups()):
         gid = work.group_ids[g]
-        group_prompt_len.append(int(work.prompt_len[idx[0]]))
+        group_prompt_len.append(max(1, round(int(work.prompt_len[idx[0]]) / q)))
         for j, i in enumerate(idx):
-            lengths[f"{gid}/{j}"] = int(work.output_len[i])
+            lengths[f"{gid}/{j}"] = -(-int(work.output_len[i]) // q)
+            real_len[f"{gid}/{j}"] = int(work.output_len[i])
     progress = GroupProgress(group_size)
     spec = spec_model(cfg) if speculation else None
-    kv_bytes = int(cm.get_model(k.model).kv_bytes_per_token)
+    kv_bytes = int(cm.get_model(k.model).kv_bytes_per_token) * q
+    step_time = cost.step_time if q == 1 else CoarseStepTime(cost.step_time, q)
     instances = [
         FastSimInstance(
-            i, lengths, pool=pool, kv_capacity_pages=pages, page_size=int(k.page_size),
-            max_batch_size=int(k.max_batch_size), max_prefill_tokens=int(k.max_prefill_tokens),
-            step_time=cost.step_time, kv_bytes_per_token=kv_bytes,
+            i, lengths, pool=pool, kv_capacity_pages=pages, page_size=page_sim,
+            max_batch_size=int(k.max_batch_size),
+            max_prefill_tokens=max(1, int(k.max_prefill_tokens) // q),
+            step_time=step_time, kv_bytes_per_token=kv_bytes,
             pool_bandwidth_bytes_per_s=k.pool_gbps * 1e9, macro_steps=int(k.macro_steps),
             spec=spec, progress=progress,
         )
         for i in range(n_inst)
     ]
     prompts = [(PROMPT_TOKEN_ID,) * p for p in group_prompt_len]
+    ctl_cfg = cfg.controller.to_dict()
+    if q > 1:
+        ctl_cfg["chunk_size"] = max(1, int(ctl_cfg["chunk_size"]) // q)
+        ctl_cfg["min_chunk_size"] = max(1, int(ctl_cfg["min_chunk_size"]) // q)
     ctl = Controller(
-        prompts, group_size=group_size, max_tokens=int(work.max_tokens), instances=instances,
-        policy=policy,
-        config={"chunk_size": int(cfg.controller.chunk_size),
-                "balance_threshold": int(cfg.controller.balance_threshold)},
+        prompts, group_size=group_size, max_tokens=-(-int(work.max_tokens) // q),
+        instances=instances, policy=policy, config=ctl_cfg,
         pool=pool, group_ids=list(work.group_ids),
         oracle_lengths=lengths if policy == "oracle_lfs" else None,
     )
@@ -435,8 +482,8 @@ def simulate(
     driver.run()
     wall = time.perf_counter() - t0
     light = [
-        _LightResult(r.generated, r.group.index, float(r.finished_at), float(r.submitted_at),
-                     str(r.finish_reason))
+        _LightResult(real_len[r.request_id] if q > 1 else r.generated, r.group.index,
+                     float(r.finished_at), float(r.submitted_at), str(r.finish_reason))
         for g in ctl.groups for r in g.requests
     ]
     report = build_report(light, ctl, driver, pool=pool)
@@ -456,7 +503,7 @@ def simulate(
         num_instances=n_inst,
         wall_s=wall,
         driver_steps=sum(tl.steps for tl in driver.timelines),
-        iterations=sum(inst.iterations for inst in instances),
+        iterations=sum(inst.iterations for inst in instances) * q,
         controller=ctl if keep_controller else None,
     )
 
