@@ -23,6 +23,7 @@ venv: $(VENV)/.installed-base
 demo: $(VENV)/.installed-base
 	$(VENV)/bin/seer-jax fetch-model smollm2
 	$(VENV)/bin/seer-jax generate --model smollm2 --chat --prompt "What is the capital of France?" --max-tokens 32
+	$(VENV)/bin/seer-jax rollout --config configs/rollout/demo.py
 
 test: $(VENV)/.installed-test
 	$(VENV)/bin/seer-jax fetch-model smollm2

@@ -1,0 +1,71 @@
+"""`seer-jax rollout`: a grouped rollout on real engines over mesh slices."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+NAME = "rollout"
+HELP = "Run a grouped rollout (G samples per prompt) through the controller on real engines."
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", required=True, help="config file, e.g. configs/rollout/demo.py")
+    p.add_argument("--compare", default=None, help="comma-separated policies, e.g. seer,group_round_robin")
+    p.add_argument("--json", dest="json_path", default=None, help="write the report JSON here")
+    p.add_argument("--no-progress", action="store_true")
+
+
+def run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from seer_jax.config_files import load_config_file
+    from seer_jax.rollout.api import run_rollout, validate_config
+
+    cfg = load_config_file(args.config, args.config_overrides)
+    if args.compare:
+        cfg.compare = args.compare
+    validate_config(cfg)
+    console = Console(stderr=True)
+    progress = None
+    bar = None
+    if not args.no_progress:
+        bar = Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                       TextColumn("{task.fields[tps]} tok/s"), TimeElapsedColumn(), console=console)
+
+        def progress(policy):
+            task = bar.add_task(f"rollout [{policy}]", total=cfg.num_prompts * cfg.group_size, tps="-")
+
+            def update(done, total, tokens, now):
+                bar.update(task, completed=done, tps=f"{tokens / now:.1f}" if now > 0 else "-")
+            return update
+        bar.start()
+    try:
+        result = run_rollout(cfg, progress)
+    finally:
+        if bar is not None:
+            bar.stop()
+    from seer_jax.rollout.report import print_comparison, print_report
+
+    out = Console()
+    for policy, o in result.outputs.items():
+        out.rule(f"policy: {policy}")
+        print_report(o.report, out)
+    if len(result.outputs) > 1:
+        print_comparison({p: o.report for p, o in result.outputs.items()}, result.summary["baseline"], out)
+    first = next(iter(result.outputs.values()))
+    sample = first.results[0]
+    out.print(f"[bold]sample response[/bold] ({sample.request_id}): {sample.text[:300]!r}")
+    if args.json_path:
+        report = {
+            "summary": result.summary,
+            "config": cfg.to_dict(),
+            "reports": {p: o.report.to_json() if hasattr(o.report, "to_json") else None
+                        for p, o in result.outputs.items()},
+            "responses": [{"request_id": r.request_id, "token_ids": r.token_ids, "text": r.text,
+                           "finish_reason": r.finish_reason} for r in first.results],
+        }
+        with open(args.json_path, "w") as f:
+            json.dump(report, f, indent=1, default=str)
+    return 0

@@ -1,0 +1,160 @@
+"""The rollout API on real engines: prompts -> groups of responses through the controller.
+
+`run_rollout(cfg)` takes a rollout config (see `configs/rollout/*.py`), loads the model, builds
+one engine per mesh slice and runs one or more policies on the same prompts and seeds.
+`rollout_groups(...)` is the programmatic entry point for trainers (prompts as token ids).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import pathlib
+import sys
+from collections.abc import Callable, Sequence
+
+import ml_collections
+
+from seer_jax.errors import ConfigError
+from seer_jax.rollout.types import SamplingParams
+
+ROLLOUT_POLICIES = ("seer", "group_round_robin", "request_fcfs", "oracle_lfs")
+
+
+def default_config() -> ml_collections.ConfigDict:
+    c = ml_collections.ConfigDict()
+    c.model = "smollm2"
+    c.dtype = "float32"
+    c.prompts = "natural"  # built-in set name, or a .jsonl path
+    c.num_prompts = 8
+    c.chat = True
+    c.group_size = 4
+    c.max_tokens = 128
+    c.temperature = 1.0
+    c.top_p = 1.0
+    c.top_k = 0
+    c.seed = 0
+    c.num_instances = 2
+    c.tp = 1
+    c.policy = "seer"
+    c.compare = ""  # comma-separated policies run on the same prompts and seeds
+    c.chunk_size = 64
+    c.balance_threshold = 32
+    c.clock = "emulated"  # "emulated" (virtual clock per instance) or "wall"
+    c.engine = ml_collections.ConfigDict(dict(
+        page_size=16, num_pages=0, kv_memory_gib=1.0, max_num_seqs=32,
+        max_num_batched_tokens=256, max_prefill_seqs=4))
+    c.trace_out = ""  # write a JSONL length trace (for `seer-jax simulate`)
+    return c
+
+
+def validate_config(c: ml_collections.ConfigDict) -> list[str]:
+    """Check a rollout config; returns the list of policies to run."""
+    def bad(key, value, allowed):
+        raise ConfigError(f"config.{key}={value!r} is invalid: {allowed}")
+
+    for key in ("num_prompts", "group_size", "max_tokens", "num_instances", "tp"):
+        if not isinstance(c[key], int) or c[key] < 1:
+            bad(key, c[key], "must be a positive integer")
+    if c.chunk_size <= 0:
+        bad("chunk_size", c.chunk_size, "must be > 0")
+    if c.temperature < 0:
+        bad("temperature", c.temperature, "must be >= 0")
+    if c.clock not in ("emulated", "wall"):
+        bad("clock", c.clock, "allowed: emulated, wall")
+    policies = [p.strip() for p in (c.compare or c.policy).split(",") if p.strip()]
+    for p in policies:
+        if p not in ROLLOUT_POLICIES:
+            bad("compare" if c.compare else "policy", p, f"allowed: {', '.join(ROLLOUT_POLICIES)}")
+    return policies
+
+
+def ensure_cpu_devices(n: int) -> None:
+    """Ask for n fake CPU devices when running on CPU (must happen before jax is imported)."""
+    if "jax" in sys.modules:
+        return
+    flags = os.environ.get("XLA_FLAGS", "")
+    if "xla_force_host_platform_device_count" not in flags:
+        os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={n}".strip()
+
+
+@dataclasses.dataclass
+class RolloutRun:
+    prompts: list[list[int]]
+    outputs: dict  # policy -> controller.RolloutOutput
+    summary: dict
+
+
+def build_prompts(c, tokenizer) -> tuple[list[list[int]], list[str]]:
+    from seer_jax.rollout.prompts import load_jsonl, prompt_set
+
+    items = load_jsonl(c.prompts) if str(c.prompts).endswith(".jsonl") else prompt_set(c.prompts)
+    if len(items) < c.num_prompts:
+        raise ConfigError(f"config.num_prompts={c.num_prompts}: prompt set {c.prompts!r} has only {len(items)}")
+    items = items[: c.num_prompts]
+    if c.chat:
+        ids = [tokenizer.encode_chat(it.messages or [{"role": "user", "content": it.text}]) for it in items]
+    else:
+        ids = [tokenizer.encode(it.text) for it in items]
+    return ids, [it.text for it in items]
+
+
+def run_rollout(c: ml_collections.ConfigDict,
+                progress: Callable[[str], Callable] | None = None) -> RolloutRun:
+    policies = validate_config(c)
+    ensure_cpu_devices(c.num_instances * c.tp)
+    from seer_jax.model import load
+    from seer_jax.rollout.controller import rollout
+    from seer_jax.rollout.engine import EngineConfig
+    from seer_jax.rollout.engine_instance import make_engine_instances
+    from seer_jax.rollout.kv_pool import HostKVPool
+    from seer_jax.rollout.report import compare_summary
+
+    cfg, params, tok = load(c.model, c.dtype)
+    prompts, _ = build_prompts(c, tok)
+    sampling = SamplingParams(temperature=c.temperature, top_p=c.top_p, top_k=c.top_k, seed=c.seed)
+    engine_cfg = EngineConfig(**c.engine.to_dict())
+    eos = tuple(cfg.eos_token_ids) or ((tok.eos_id,) if tok.eos_id is not None else ())
+    outputs = {}
+    oracle = None
+    for policy in policies:
+        if policy == "oracle_lfs" and oracle is None:
+            first = next(iter(outputs.values()), None)
+            if first is None:
+                raise ConfigError("oracle_lfs needs true lengths: list another policy before it in config.compare")
+            oracle = {r.request_id: len(r.token_ids) for r in first.results}
+        pool = HostKVPool()
+        instances = make_engine_instances(cfg, params, num_instances=c.num_instances, tp=c.tp,
+                                          engine_config=engine_cfg, pool=pool, eos_ids=eos)
+        outputs[policy] = rollout(
+            prompts, group_size=c.group_size, max_tokens=c.max_tokens, instances=instances,
+            sampling=sampling, policy=policy, pool=pool, clock=c.clock,
+            config={"chunk_size": c.chunk_size, "balance_threshold": c.balance_threshold},
+            oracle_lengths=oracle if policy == "oracle_lfs" else None,
+            progress=progress(policy) if progress else None, detokenize=tok.decode)
+    reports = {p: o.report for p, o in outputs.items()}
+    baseline = "group_round_robin" if "group_round_robin" in reports else policies[0]
+    summary = {"policies": compare_summary(reports, baseline), "baseline": baseline,
+               "num_responses": len(prompts) * c.group_size, "model": c.model}
+    if c.trace_out:
+        write_trace(c.trace_out, next(iter(outputs.values())).results)
+    return RolloutRun(prompts, outputs, summary)
+
+
+def write_trace(path: str | pathlib.Path, results) -> None:
+    """JSONL trace (one line per response: group_id, prompt_len, output_len, finish_reason)."""
+    with open(path, "w") as f:
+        for r in results:
+            f.write(json.dumps({"group_id": r.group_id, "prompt_len": len(r.prompt_ids),
+                                "output_len": len(r.token_ids), "finish_reason": r.finish_reason}) + "\n")
+
+
+def rollout_groups(engines: Sequence, prompts: list[list[int]], group_size: int, max_tokens: int,
+                   sampling: SamplingParams, policy: str = "seer", chunk_size: int = 256):
+    """Run groups through existing `EngineInstance`s (e.g. kept alive by a trainer adapter)."""
+    from seer_jax.rollout.controller import rollout
+
+    pool = engines[0].pool
+    return rollout(prompts, group_size=group_size, max_tokens=max_tokens, instances=list(engines),
+                   sampling=sampling, policy=policy, pool=pool, config={"chunk_size": chunk_size})
