@@ -42,6 +42,12 @@ def default_config() -> ml_collections.ConfigDict:
     c.chunk_size = 64
     c.balance_threshold = 32
     c.clock = "emulated"  # "emulated" (virtual clock per instance) or "wall"
+    # emulated step durations: "measured" (wall time of each real step on this host) or
+    # "roofline" (sim cost model of `cost_model` on `accelerator` x `chips_per_instance`)
+    c.time_model = "measured"
+    c.accelerator = "h100"
+    c.cost_model = "smollm2-135m"
+    c.chips_per_instance = 1
     c.engine = ml_collections.ConfigDict(dict(
         page_size=16, num_pages=0, kv_memory_gib=1.0, max_num_seqs=32,
         max_num_batched_tokens=256, max_prefill_seqs=4))
@@ -63,6 +69,8 @@ def validate_config(c: ml_collections.ConfigDict) -> list[str]:
         bad("temperature", c.temperature, "must be >= 0")
     if c.clock not in ("emulated", "wall"):
         bad("clock", c.clock, "allowed: emulated, wall")
+    if c.time_model not in ("measured", "roofline"):
+        bad("time_model", c.time_model, "allowed: measured, roofline")
     policies = [p.strip() for p in (c.compare or c.policy).split(",") if p.strip()]
     for p in policies:
         if p not in ROLLOUT_POLICIES:
@@ -116,6 +124,12 @@ def run_rollout(c: ml_collections.ConfigDict,
     sampling = SamplingParams(temperature=c.temperature, top_p=c.top_p, top_k=c.top_k, seed=c.seed)
     engine_cfg = EngineConfig(**c.engine.to_dict())
     eos = tuple(cfg.eos_token_ids) or ((tok.eos_id,) if tok.eos_id is not None else ())
+    step_time = None
+    if c.time_model == "roofline":
+        from seer_jax.sim.cost_model import RooflineCostModel, get_accelerator, get_model
+
+        step_time = RooflineCostModel(model=get_model(c.cost_model), accelerator=get_accelerator(c.accelerator),
+                                      chips=c.chips_per_instance, page_size=engine_cfg.page_size)
     outputs = {}
     oracle = None
     for policy in policies:
@@ -126,7 +140,8 @@ def run_rollout(c: ml_collections.ConfigDict,
             oracle = {r.request_id: len(r.token_ids) for r in first.results}
         pool = HostKVPool()
         instances = make_engine_instances(cfg, params, num_instances=c.num_instances, tp=c.tp,
-                                          engine_config=engine_cfg, pool=pool, eos_ids=eos)
+                                          engine_config=engine_cfg, pool=pool, eos_ids=eos,
+                                          step_time=step_time)
         outputs[policy] = rollout(
             prompts, group_size=c.group_size, max_tokens=c.max_tokens, instances=instances,
             sampling=sampling, policy=policy, pool=pool, clock=c.clock,
