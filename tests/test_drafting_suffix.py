@@ -284,3 +284,21 @@ def test_bad_inputs_raise_project_errors():
         ctx.set_prompt([3])
     with pytest.raises(InputError):
         SuffixAutomaton(0)
+
+
+def test_match_candidates_prefers_the_better_scoring_shorter_context():
+    def make(k):
+        ctx = GroupDraftContext(DraftConfig(min_prob=0.1, match_candidates=k), [0])
+        ctx.append("a", [5, 1, 2, 9])
+        ctx.append("b", [1, 2, 3, 4, 5, 6])
+        ctx.append("c", [1, 2, 3, 4, 5, 6])
+        ctx.append("q", [5, 1, 2])
+        return ctx
+
+    longest = make(1).speculate("q")
+    assert longest.tokens.tolist() == [9] and longest.match_len == 4  # "0 5 1 2"
+    best = make(2).speculate("q")  # "1 2" -> 3 (2 of 3), 4, 5, 6: expected 2.67 > 1
+    assert best.tokens.tolist() == [3, 4, 5, 6] and best.match_len == 2
+    np.testing.assert_allclose(best.probs, [2 / 3] * 4, rtol=1e-6)
+    with pytest.raises(ConfigError, match="match_candidates"):
+        DraftConfig(match_candidates=0).validate()

@@ -35,6 +35,10 @@ class DraftConfig:
     min_prob: a draft path stops when its probability (product of frequency ratios) drops below.
     max_spec_factor / max_spec_offset: when factor is set, draft depth ≤ factor·match_len + offset
       (SuffixDecoding's cap: short matches give short drafts). None = no cap.
+    match_candidates: 1 = draft from the longest matching suffix only; k > 1 = also try the next
+      k - 1 shorter suffixes that have different continuation statistics (suffix-link ancestors)
+      and keep the draft with the highest expected accepted length (Σ of its path
+      probabilities), like SuffixDecoding's best-score selection.
     """
 
     mode: DraftMode = "group"
@@ -43,6 +47,7 @@ class DraftConfig:
     min_prob: float = 0.1
     max_spec_factor: float | None = None
     max_spec_offset: float = 0.0
+    match_candidates: int = 1
 
     def validate(self) -> DraftConfig:
         if self.mode not in DRAFT_MODES:
@@ -56,6 +61,8 @@ class DraftConfig:
             )
         if not 0.0 <= self.min_prob <= 1.0:
             raise ConfigError(f"drafting.min_prob={self.min_prob} must be in [0, 1]")
+        if self.match_candidates < 1:
+            raise ConfigError(f"drafting.match_candidates={self.match_candidates} must be >= 1")
         if self.max_spec_factor is not None and not self.max_spec_factor >= 0:
             raise ConfigError(f"drafting.max_spec_factor={self.max_spec_factor} must be >= 0 or None")
         return self
@@ -189,18 +196,25 @@ class GroupDraftContext:
         state, length = sam.with_continuation(state, length)
         if length < cfg.min_match_len or not sam.children(state):
             return Draft.empty(length)
-        if cfg.max_spec_factor is not None:
-            max_depth = min(max_depth, math.floor(cfg.max_spec_factor * length + cfg.max_spec_offset))
-        return build_draft(
-            sam,
-            state,
-            length,
-            max_nodes=max_nodes,
-            max_depth=max_depth,
-            width=width,
-            min_prob=cfg.min_prob if min_prob is None else min_prob,
-            context_cap=cfg.max_match_len,
-        )
+        min_prob = cfg.min_prob if min_prob is None else min_prob
+        best: Draft | None = None
+        best_score = -1.0
+        for _ in range(cfg.match_candidates):
+            depth = max_depth
+            if cfg.max_spec_factor is not None:
+                depth = min(depth, math.floor(cfg.max_spec_factor * length + cfg.max_spec_offset))
+            d = build_draft(sam, state, length, max_nodes=max_nodes, max_depth=depth,
+                            width=width, min_prob=min_prob, context_cap=cfg.max_match_len)
+            score = float(d.probs.sum()) if len(d) else 0.0
+            if score > best_score:
+                best, best_score = d, score
+            if not state:
+                break
+            state = sam.state_link(state)  # next shorter context with other statistics
+            state, length = sam.with_continuation(state, sam.state_length(state))
+            if length < cfg.min_match_len or not state:
+                break
+        return best
 
     # -- stats -----------------------------------------------------------------------------------
 
