@@ -1,0 +1,236 @@
+"""Tunix adapter: our engine as a `tunix.rl.rollout.base_rollout.BaseRollout`.
+
+Use it as `ClusterConfig(rollout_engine=functools.partial(SeerRollout, num_instances=..., ...))`;
+Tunix constructs it as `engine(rollout_actor=, tokenizer=, mesh=, rollout_config=)`.
+
+- `generate`: tokenizes like Tunix's vanilla sampler (BOS when the tokenizer has one), finds the
+  groups (Tunix repeats each prompt G times consecutively) and runs them through
+  `EngineGroup.generate_groups` (controller API with the configured policy when present, else the
+  engines directly). Returns completions without the final EOS (as Tunix's sampler does), prompts
+  left-padded to `max_prompt_length` (or the next power of two above the longest prompt), and
+  per-token logprobs under the sampling distribution (temperature, top-k, top-p).
+- `get_per_token_logps`: the recorded rollout logprobs when (prompt, completion) is one we just
+  generated at the current weights, else a forward pass under the same distribution.
+- `update_params`: Tunix's nnx state (ours: `TunixLlama`) -> our param dict -> every engine slice,
+  device to device (Tunix runs this under a transfer guard that forbids host round trips on CPU).
+- `model()`: an NNX module holding the weights slice 0 serves (a separate copy from the actor, so
+  Tunix's `is_sharing_weights` check sees that a sync is needed).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from jax.sharding import Mesh
+from tunix.rl.rollout import base_rollout
+
+from seer_jax.errors import ConfigError
+from seer_jax.integrations.engine_group import (
+    EngineGroup,
+    GroupResponse,
+    detect_groups,
+    slice_meshes,
+)
+from seer_jax.integrations.nnx_actor import TunixLlama, completion_logprobs
+from seer_jax.integrations.weight_sync import ParamMapping, state_to_params
+from seer_jax.model.config import ModelConfig
+from seer_jax.model.sharding import ShardingRules
+from seer_jax.rollout.engine import EngineConfig
+from seer_jax.rollout.types import SamplingParams
+
+
+class SeerRollout(base_rollout.BaseRollout):
+    """seer_jax engines (one per mesh slice) behind Tunix's rollout interface."""
+
+    def __init__(self, rollout_actor: nnx.Module, tokenizer: Any, mesh: Mesh | None = None,
+                 rollout_config: base_rollout.RolloutConfig | None = None, *,
+                 model_config: ModelConfig | None = None, num_instances: int = 1, tp: int = 0,
+                 engine_config: EngineConfig | None = None, policy: str = "seer",
+                 controller_config: dict[str, Any] | None = None, backend: str = "auto",
+                 param_mapping: ParamMapping | None = None, rules: ShardingRules = ShardingRules()):
+        cfg = model_config or getattr(rollout_actor, "cfg", None)
+        if not isinstance(cfg, ModelConfig):
+            raise ConfigError("SeerRollout needs model_config= unless the actor is a TunixLlama/Llama")
+        self.cfg = cfg
+        self.tokenizer = tokenizer
+        self.mesh = mesh
+        self.rollout_config = rollout_config
+        self.param_mapping = param_mapping
+        devices = list(mesh.devices.flat) if mesh is not None and not mesh.empty else jax.devices()
+        meshes = slice_meshes(devices, num_instances, tp)
+        params = state_to_params(nnx.state(rollout_actor, nnx.Param), cfg, param_mapping)
+        eos = self.eos_id()
+        self.group = EngineGroup(cfg, params, meshes, engine_config or EngineConfig(kv_memory_gib=0.25),
+                                 eos_ids=(eos,) if eos is not None else None, rules=rules,
+                                 policy=policy, controller_config=controller_config, backend=backend)
+        self._model = TunixLlama(cfg, rngs=nnx.Rngs(0))
+        self._model.set_params(self.group.params(0))
+        self._seed_counter = 0
+        self._recorded: dict[tuple, list[tuple[tuple[int, ...], list[float]]]] = {}
+        self._recorded_version = -1
+        self._last_sampling = SamplingParams(temperature=1.0)
+        self.last_responses: list[GroupResponse] = []
+
+    # ------------------------------------------------------------------ Tunix interface
+    def generate(self, prompts: list[str], rollout_config: base_rollout.RolloutConfig,
+                 **kwargs) -> base_rollout.RolloutOutput:
+        prompt_ids = [self._tokenize(p) for p in prompts]
+        runs = detect_groups(prompt_ids)
+        sampling = sampling_from_config(rollout_config)
+        seed = self._next_seed(rollout_config.seed)
+        stop = {int(t) for t in (rollout_config.eos_tokens or [self.eos_id()]) if t is not None}
+        sampling = dataclasses.replace(sampling, stop_token_ids=tuple(sorted(stop)))
+        responses = self.group.generate_groups([prompt_ids[s] for s, _ in runs],
+                                               [n for _, n in runs], sampling,
+                                               rollout_config.max_tokens_to_generate, seed)
+        self.last_responses = responses
+        self._last_sampling = sampling
+        tokens, logprobs = [], []
+        self._recorded = {}
+        self._recorded_version = self.group.policy_version
+        for r in responses:
+            toks, lps = list(r.token_ids), list(r.logprobs)
+            if toks and toks[-1] in stop and r.finish_reason in ("eos", "stop"):
+                toks, lps = toks[:-1], lps[:-1]
+            tokens.append(np.asarray(toks, np.int32))
+            logprobs.append(np.asarray(lps, np.float32))
+            self._recorded.setdefault(tuple(r.prompt_ids), []).append((tuple(toks), lps))
+        longest = max(len(p) for p in prompt_ids)
+        width = rollout_config.max_prompt_length
+        if width < longest:
+            width = 1 << math.ceil(math.log2(longest))
+        padded = np.full((len(prompt_ids), width), self.pad_id(), np.int32)
+        for i, p in enumerate(prompt_ids):
+            padded[i, width - len(p):] = p
+        return base_rollout.RolloutOutput(
+            text=[self.tokenizer.decode(t.tolist()) for t in tokens],
+            logits=None,
+            tokens=tokens,
+            left_padded_prompt_tokens=padded,
+            logprobs=logprobs if rollout_config.return_logprobs else None,
+        )
+
+    def get_per_token_logps(self, prompt_tokens: jax.Array, completion_tokens: jax.Array) -> jax.Array:
+        prompt = np.asarray(prompt_tokens, np.int32)
+        completion = np.asarray(completion_tokens, np.int32)
+        recorded = self.recorded_logps(prompt, completion)
+        if recorded is not None:
+            return jnp.asarray(recorded)
+        return self.forward_logps(prompt, completion)
+
+    def recorded_logps(self, prompt_bp: np.ndarray, completion_bc: np.ndarray) -> np.ndarray | None:
+        """The rollout's own logprobs for every row, or None if any row is not a fresh rollout."""
+        if self._recorded_version != self.group.policy_version:
+            return None
+        pad = self.pad_id()
+        B, C = completion_bc.shape
+        out = np.zeros((B, C), np.float32)
+        for b in range(B):
+            row = prompt_bp[b]
+            start = int(np.argmax(row != pad)) if np.any(row != pad) else len(row)
+            found = None
+            for toks, lps in self._recorded.get(tuple(row[start:].tolist()), []):
+                if len(toks) <= C and list(toks) + [pad] * (C - len(toks)) == completion_bc[b].tolist():
+                    found = lps
+                    break
+            if found is None:
+                return None
+            out[b, :len(found)] = found
+        return out
+
+    def forward_logps(self, prompt_bp: np.ndarray, completion_bc: np.ndarray) -> jax.Array:
+        """Completion logprobs by a forward pass at the weights slice 0 serves."""
+        pad = self.pad_id()
+        prompt_bp = np.asarray(prompt_bp, np.int32)
+        completion_bc = np.asarray(completion_bc, np.int32)
+        valid = np.concatenate([prompt_bp != pad, completion_bc != pad], axis=1)
+        B = prompt_bp.shape[0]
+        s = self._last_sampling
+        return completion_logprobs(
+            self.group.params(0), self.cfg, jnp.asarray(prompt_bp), jnp.asarray(completion_bc),
+            jnp.asarray(valid), jnp.full((B,), s.temperature, jnp.float32),
+            jnp.full((B,), s.top_p, jnp.float32), jnp.full((B,), s.top_k, jnp.int32))
+
+    def update_params(self, params: Any, filter_types: tuple[Any, ...] | None = None) -> None:
+        if filter_types is not None and any(getattr(t, "__name__", "") == "LoRAParam"
+                                            for t in filter_types):
+            raise ConfigError("SeerRollout syncs full parameters; merge LoRA adapters into the "
+                              "base weights before sync (filter_types=LoRAParam is not supported)")
+        ours = state_to_params(params, self.cfg, self.param_mapping)
+        self.group.update_params(ours)
+        self._model.set_params(self.group.params(0))
+
+    @property
+    def policy_version(self) -> int:
+        return self.group.policy_version
+
+    def model(self) -> nnx.Module:
+        return self._model
+
+    def pad_id(self) -> int:
+        return _call(self.tokenizer, "pad_id")
+
+    def eos_id(self) -> int:
+        return _call(self.tokenizer, "eos_id")
+
+    # ------------------------------------------------------------------ helpers
+    def _tokenize(self, text: str) -> list[int]:
+        ids = [int(t) for t in self.tokenizer.encode(text)]
+        bos = _call(self.tokenizer, "bos_id")
+        if bos:
+            ids = [bos] + ids
+            while len(ids) > 1 and ids[0] == ids[1] == bos:
+                ids = ids[1:]
+        if not ids:
+            raise ConfigError(f"prompt {text!r} tokenizes to nothing")
+        return ids
+
+    def _next_seed(self, seed: Any) -> int:
+        if seed is not None:
+            return int(np.asarray(seed).reshape(-1)[-1]) & 0x7FFFFFFF
+        self._seed_counter += 1
+        return self._seed_counter
+
+
+def sampling_from_config(rc: base_rollout.RolloutConfig) -> SamplingParams:
+    """Our SamplingParams from Tunix's RolloutConfig (top_k None/-1 = off, top_p None = 1)."""
+    top_k = rc.top_k if rc.top_k is not None and rc.top_k > 0 else 0
+    top_p = 1.0 if rc.top_p is None else float(rc.top_p)
+    return SamplingParams(temperature=float(rc.temperature), top_p=top_p, top_k=int(top_k))
+
+
+def _call(tok: Any, name: str):
+    attr = getattr(tok, name, None)
+    return attr() if callable(attr) else attr
+
+
+class CharTokenizer:
+    """A character-level tokenizer over printable ASCII (id = code point) for tiny models.
+
+    pad 0, bos 1, eos 2; characters outside ASCII 32..126 and newline are dropped. Vocab 128.
+    It has the `encode/decode/bos_id/eos_id/pad_id` methods Tunix's TokenizerAdapter accepts.
+    """
+
+    vocab_size = 128
+
+    def encode(self, text: str, **_: Any) -> list[int]:
+        return [ord(c) for c in text if c == "\n" or 32 <= ord(c) < 127]
+
+    def decode(self, ids: Sequence[int], **_: Any) -> str:
+        return "".join(chr(i) for i in ids if i == 10 or 32 <= i < 127)
+
+    def bos_id(self) -> int:
+        return 1
+
+    def eos_id(self) -> int:
+        return 2
+
+    def pad_id(self) -> int:
+        return 0
