@@ -86,6 +86,55 @@ def test_state_to_params_names_the_mismatch():
         state_to_params({"embed": actor.params()["embed"]}, CFG)
 
 
+def _group(backend, params=None, **kw):
+    from seer_jax.integrations.engine_group import EngineGroup
+    from seer_jax.model.llama import init_params
+
+    return EngineGroup(CFG, params or init_params(CFG, 0), slice_meshes(jax.devices()[:4], 2, 2),
+                       EngineConfig(num_pages=64, page_size=8, max_num_seqs=16,
+                                    max_num_batched_tokens=64, max_model_len=64),
+                       eos_ids=(2,), backend=backend, **kw)
+
+
+IDS = [[1, 49, 50, 43, 51, 52, 61], [1, 55, 42, 56, 61], [1, 57, 57, 45, 53, 61]]
+
+
+def test_engine_group_backends_agree_and_sync_drops_stale_prefix_kv():
+    from seer_jax.model.llama import init_params
+
+    sp = SamplingParams(temperature=1.0)
+    direct = _group("engine")
+    a = direct.generate_groups(IDS, [3, 3, 3], sp, 12, seed=5)
+    assert direct.last_backend == "engine" and len({r.instance for r in a}) == 2
+    api = _group("api", controller_config={"chunk_size": 4})
+    b = api.generate_groups(IDS, [3, 3, 3], sp, 12, seed=5)
+    assert api.last_backend == "api"
+    assert [(r.group_index, r.sample_index) for r in a] == [(r.group_index, r.sample_index) for r in b]
+    for x, y in zip(a, b, strict=True):
+        assert x.token_ids == y.token_ids and x.finish_reason == y.finish_reason
+        np.testing.assert_allclose(x.logprobs, y.logprobs, atol=1e-5)
+    assert len({tuple(r.token_ids) for r in a[:3]}) > 1  # samples of a group differ
+    # weight sync: new version on every response, and the prompts' cached KV is not reused
+    new = init_params(CFG, 1)
+    greedy = SamplingParams(temperature=0.0)
+    for group in (direct, api):
+        group.generate_groups(IDS, [2, 2, 2], greedy, 8)
+        assert group.update_params(new) == 1
+        out = group.generate_groups(IDS, [2, 2, 2], greedy, 8)
+        want = generate(new, CFG, IDS, 8, greedy, eos_ids=(2,))
+        assert all(r.policy_version == 1 for r in out)
+        assert [r.token_ids for r in out] == [w.token_ids for w in want for _ in range(2)]
+
+
+def test_engine_group_refuses_sync_mid_rollout():
+    from seer_jax.errors import SeerError
+
+    group = _group("engine")
+    group.engines[0].add_request("x", IDS[0], 4, SamplingParams())
+    with pytest.raises(SeerError, match="during a rollout"):
+        group.update_params(group.params(0))
+
+
 tunix = pytest.importorskip("tunix")
 
 

@@ -5,8 +5,8 @@ samples it wants) and gets per-response tokens, logprobs, finish reason and the 
 (how many weight syncs happened before the rollout started); `update_params` pushes new weights to
 every slice (resharded device to device, see `weight_sync`) and bumps the version.
 
-The seam: when the controller's rollout API (`seer_jax.rollout.api.rollout`) is present and
-accepts our call, groups go through it with the configured policy (divided rollout, context-aware
+The seam: when the controller's rollout API (`seer_jax.rollout.api.rollout_groups`) is present
+and the groups have one size, groups go through it with the configured policy (divided rollout, context-aware
 scheduling). Otherwise the group runs the engines directly: each group goes whole to the least
 loaded slice (so its G samples share the prompt's KV pages) and the slices are stepped in turn.
 Either way a request's samples depend only on its seed (`request_seed(seed, group, sample)`),
@@ -97,6 +97,7 @@ class EngineGroup:
             for m in self.meshes
         ]
         self.last_backend: str | None = None
+        self._instances = None  # EngineInstances over self.engines, for the controller API
 
     # ------------------------------------------------------------------ weights
     def update_params(self, params: Params) -> int:
@@ -163,33 +164,48 @@ class EngineGroup:
         return result
 
     def _via_api(self, prompts, group_sizes, sampling, max_tokens, seed, version):
-        """The controller's rollout API, when present and the groups have one size."""
+        """The controller's rollout API (`seer_jax.rollout.api.rollout_groups`) with the configured
+        policy, when present and the groups have one size; None to run the engines directly."""
         if self.backend == "engine" or len(set(group_sizes)) != 1:
-            return None
-        try:
-            api = importlib.import_module("seer_jax.rollout.api")
-        except ImportError:
             if self.backend == "api":
-                raise ConfigError("backend='api' but seer_jax.rollout.api is not available") from None
+                raise ConfigError("backend='api' needs groups of one size, got "
+                                  f"{sorted(set(group_sizes))}")
             return None
-        fn = getattr(api, "rollout", None)
-        kwargs = dict(group_size=group_sizes[0], max_tokens=max_tokens,
-                      sampling=dataclasses.replace(sampling, seed=seed), engines=self.engines,
-                      policy=self.policy, config=self.controller_config or None)
-        try:
-            inspect.signature(fn).bind([list(p) for p in prompts], **kwargs)
-        except (TypeError, ValueError):
+        fn = _api_function()
+        if fn is None:
             if self.backend == "api":
-                raise ConfigError("seer_jax.rollout.api.rollout does not accept "
-                                  f"(groups, {', '.join(kwargs)})") from None
-            log.warning("seer_jax.rollout.api.rollout has another signature; running engines directly")
+                raise ConfigError("backend='api' but seer_jax.rollout.api.rollout_groups is missing")
             return None
-        out = fn([list(p) for p in prompts], **kwargs)
-        results = getattr(out, "results", out)
+        if self._instances is None:
+            from seer_jax.rollout.engine_instance import EngineInstance
+            from seer_jax.rollout.kv_pool import HostKVPool
+
+            pool = HostKVPool()
+            self._instances = [EngineInstance(i, e, pool) for i, e in enumerate(self.engines)]
+        chunk = int(self.controller_config.get("chunk_size", max_tokens))
+        out = fn(self._instances, [list(p) for p in prompts], group_sizes[0], max_tokens,
+                 dataclasses.replace(sampling, seed=seed), policy=self.policy, chunk_size=chunk)
         return [GroupResponse(r.group_index, r.sample_index, list(r.prompt_ids), list(r.token_ids),
                               list(r.logprobs), r.finish_reason, version,
-                              (r.instances[-1] if getattr(r, "instances", None) else None))
-                for r in results]
+                              r.instances[-1] if r.instances else None)
+                for r in out.results]
+
+
+def _api_function():
+    try:
+        api = importlib.import_module("seer_jax.rollout.api")
+    except ImportError:
+        return None
+    fn = getattr(api, "rollout_groups", None)
+    if fn is None:
+        return None
+    try:
+        inspect.signature(fn).bind([], [], 1, 1, SamplingParams(), policy="seer", chunk_size=1)
+    except TypeError:
+        log.warning("seer_jax.rollout.api.rollout_groups has an unexpected signature; "
+                    "running engines directly")
+        return None
+    return fn
 
 
 def default_meshes(num_instances: int = 1, tp: int = 0) -> list[Mesh]:
