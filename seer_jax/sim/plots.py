@@ -78,14 +78,13 @@ def plot_instance_timelines(
                                  else ""))
     if len(rows) <= 16:
         ax0.set_yticks(range(len(rows)), [str(r) for r in rows])
-    fig.colorbar(im, ax=ax0, label="batch size (white = idle)", pad=0.01)
+    fig.colorbar(im, ax=[ax0, ax1], label="batch size (white = idle)", pad=0.01)
     centers = 0.5 * (edges[:-1] + edges[1:])
     ax1.fill_between(centers, busy.mean(axis=0), step="mid", alpha=0.6)
     ax1.set_ylim(0, 1.02)
     ax1.set_ylabel("busy fraction")
     ax1.set_xlabel("time (s)")
     ax0.set_title(title or "per-instance timeline")
-    fig.tight_layout()
     return _save(fig, path)
 
 
