@@ -1,0 +1,170 @@
+"""Deployment configs (`configs/*.py`): schema, defaults and a device-free validation.
+
+A deployment config says which model runs, how the rollout mesh is cut into instances
+(`num_instances` slices of `tp` devices), the engine settings of every slice, the scheduling policy
+and chunk size, sampling, and the trainer settings of the GRPO example. `validate_config` checks
+the mesh arithmetic and the memory budget per device from the model's dimensions alone, so a
+TPU-pod config can be checked on a laptop.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import ml_collections
+
+from seer_jax.errors import ConfigError
+from seer_jax.model.config import ModelConfig
+from seer_jax.model.llama import LOGICAL_AXES, param_shapes
+from seer_jax.model.sharding import ShardingRules
+from seer_jax.rollout.engine import EngineConfig
+
+PLATFORMS = ("cpu", "gpu", "tpu")
+MODEL_DIM_KEYS = ("architecture", "vocab_size", "hidden_size", "intermediate_size", "num_layers",
+                  "num_heads", "num_kv_heads", "head_dim", "rope_theta", "rms_norm_eps",
+                  "tie_word_embeddings", "max_position_embeddings", "dtype")
+
+
+def default_config() -> ml_collections.ConfigDict:
+    """The schema with CPU-demo defaults (a tiny random model on 4 fake CPU devices)."""
+    c = ml_collections.ConfigDict()
+    c.name = "demo"
+    c.platform = "cpu"
+    c.model = ml_collections.ConfigDict(dict(
+        name="tiny",  # "tiny" (random init), "smollm2", a .gguf / HF dir / Orbax path
+        architecture="LlamaForCausalLM", vocab_size=128, hidden_size=64, intermediate_size=128,
+        num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16, rope_theta=10000.0,
+        rms_norm_eps=1e-5, tie_word_embeddings=False, max_position_embeddings=512,
+        dtype="float32"))
+    c.mesh = ml_collections.ConfigDict(dict(
+        num_instances=2, tp=2, devices=4,
+        hbm_gib_per_device=0.0,  # 0: do not check the memory budget (CPU)
+    ))
+    c.engine = ml_collections.ConfigDict(dict(
+        page_size=16, num_pages=256, kv_memory_gib=0.0, max_num_seqs=32,
+        max_num_batched_tokens=128, max_prefill_seqs=4, max_model_len=0))
+    c.policy = "seer"
+    c.chunk_size = 64
+    c.sampling = ml_collections.ConfigDict(dict(
+        group_size=4, max_tokens=16, max_prompt_length=32, temperature=1.0, top_p=1.0, top_k=0))
+    c.trainer = ml_collections.ConfigDict(dict(
+        num_steps=3, batch_size=4, learning_rate=3e-3, beta=0.0, seed=0, checkpoint_dir=""))
+    return c
+
+
+def model_config(c: ml_collections.ConfigDict) -> ModelConfig:
+    """The ModelConfig the config's model dimensions describe."""
+    m = c.model
+    values = {k: m[k] for k in MODEL_DIM_KEYS}
+    values["eos_token_ids"] = tuple(m.get("eos_token_ids", ()))
+    try:
+        return ModelConfig(**values)
+    except ConfigError as e:
+        raise ConfigError(f"config.model: {e}") from None
+
+
+def engine_config(c: ml_collections.ConfigDict) -> EngineConfig:
+    known = {f.name for f in dataclasses.fields(EngineConfig)}
+    unknown = sorted(set(c.engine.keys()) - known)
+    if unknown:
+        raise ConfigError(f"config.engine has unknown key(s) {unknown}; allowed: {sorted(known)}")
+    values = c.engine.to_dict()
+    if values.get("kv_memory_gib") == 0.0:
+        values.pop("kv_memory_gib")
+        if not values.get("num_pages"):
+            raise ConfigError("config.engine: set num_pages or kv_memory_gib (both are 0)")
+    e = EngineConfig(**values)
+    e.validate()
+    return e
+
+
+def weight_bytes_per_device(cfg: ModelConfig, tp: int, rules: ShardingRules = ShardingRules()) -> int:
+    """Parameter bytes on one device of a tp slice under our sharding rules (replicated where a
+    dimension does not divide)."""
+    itemsize = 4 if cfg.dtype == "float32" else 2
+    total = 0
+    for name, shape in param_shapes(cfg).items():
+        n = 1
+        for size, axis in zip(shape, LOGICAL_AXES[name], strict=True):
+            split = rules.mesh_axis(axis) == "tp" and tp > 1 and size % tp == 0
+            n *= size // tp if split else size
+        total += n * itemsize
+    return total
+
+
+def validate_config(c: ml_collections.ConfigDict, num_devices: int | None = None) -> dict[str, Any]:
+    """Check a deployment config without devices; returns a summary of the layout.
+
+    Raises ConfigError naming the key, its value and what is allowed. `num_devices`: the devices
+    actually present (jax.device_count()), checked against config.mesh.devices when given.
+    """
+    def bad(key: str, value: Any, allowed: str):
+        raise ConfigError(f"config.{key}={value!r} is invalid; allowed: {allowed}")
+
+    if c.platform not in PLATFORMS:
+        bad("platform", c.platform, ", ".join(PLATFORMS))
+    cfg = model_config(c)
+    mesh = c.mesh
+    for key in ("num_instances", "tp", "devices"):
+        v = mesh[key]
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            bad(f"mesh.{key}", v, "a positive integer")
+    n, tp, devices = mesh.num_instances, mesh.tp, mesh.devices
+    if n * tp != devices:
+        bad("mesh.devices", devices, f"num_instances x tp = {n} x {tp} = {n * tp}")
+    if num_devices is not None and num_devices != devices:
+        bad("mesh.devices", devices, f"the {num_devices} devices present")
+    if cfg.num_heads % tp:
+        bad("mesh.tp", tp, f"a divisor of the model's num_heads={cfg.num_heads}")
+    if cfg.intermediate_size % tp:
+        bad("mesh.tp", tp, f"a divisor of the model's intermediate_size={cfg.intermediate_size}")
+    if cfg.num_kv_heads % tp and tp % cfg.num_kv_heads:
+        bad("mesh.tp", tp, f"a divisor or multiple of the model's num_kv_heads={cfg.num_kv_heads}")
+    eng = engine_config(c)
+    from seer_jax.rollout.policies import POLICIES
+
+    if c.policy not in POLICIES:
+        bad("policy", c.policy, ", ".join(sorted(POLICIES)))
+    if not isinstance(c.chunk_size, int) or c.chunk_size < 1:
+        bad("chunk_size", c.chunk_size, "a positive integer")
+    s = c.sampling
+    if not isinstance(s.group_size, int) or s.group_size < 2:
+        bad("sampling.group_size", s.group_size, "an integer >= 2 (GRPO compares samples of a group)")
+    if not isinstance(s.max_tokens, int) or s.max_tokens < 1:
+        bad("sampling.max_tokens", s.max_tokens, "a positive integer")
+    if not isinstance(s.max_prompt_length, int) or s.max_prompt_length < 1:
+        bad("sampling.max_prompt_length", s.max_prompt_length, "a positive integer")
+    if not s.temperature >= 0:
+        bad("sampling.temperature", s.temperature, ">= 0 (0 = greedy)")
+    if not 0 < s.top_p <= 1:
+        bad("sampling.top_p", s.top_p, "in (0, 1]")
+    if not isinstance(s.top_k, int) or s.top_k < 0:
+        bad("sampling.top_k", s.top_k, "an integer >= 0 (0 = off)")
+    context = eng.max_model_len or cfg.max_position_embeddings
+    if s.max_prompt_length + s.max_tokens > context:
+        bad("sampling.max_tokens", s.max_tokens,
+            f"max_prompt_length + max_tokens <= the context of {context}")
+    per_device = weight_bytes_per_device(cfg, tp)
+    kv_gib = (eng.num_pages * eng.page_size * cfg.kv_bytes_per_token() / 2**30 if eng.num_pages
+              else eng.kv_memory_gib)
+    kv_per_device = kv_gib / (tp if cfg.num_kv_heads % tp == 0 else 1)
+    hbm = float(mesh.hbm_gib_per_device)
+    need = per_device / 2**30 + kv_per_device
+    if hbm > 0 and need > hbm:
+        bad("engine.kv_memory_gib" if kv_per_device > 0 else "mesh.tp",
+            eng.kv_memory_gib if kv_per_device > 0 else tp,
+            f"weights {per_device / 2**30:.2f} GiB + KV {kv_per_device:.2f} GiB per device must fit "
+            f"mesh.hbm_gib_per_device={hbm}")
+    t = c.trainer
+    for key in ("num_steps", "batch_size"):
+        if not isinstance(t[key], int) or t[key] < 1:
+            bad(f"trainer.{key}", t[key], "a positive integer")
+    if not t.learning_rate > 0:
+        bad("trainer.learning_rate", t.learning_rate, "> 0")
+    return {
+        "devices": devices, "num_instances": n, "tp": tp,
+        "weight_gib_per_device": per_device / 2**30, "kv_gib_per_device": kv_per_device,
+        "kv_tokens_per_instance": int(kv_gib * 2**30 // cfg.kv_bytes_per_token()),
+        "responses_per_step": t.batch_size * s.group_size,
+    }
