@@ -98,3 +98,57 @@ def test_speculate_batch_handles_unknown_groups_and_per_request_mode():
     assert [len(d) for d in out] == [0, 0, 0]  # per-request: b never saw a's continuation
     svc.close_group("g")
     assert svc.version("g") == 0 and svc.sync(["g"])[0].appends == ()
+
+
+def test_engine_flow_with_budget_respects_the_step_budget():
+    """The loop an engine runs: plan, speculate, allocate, verify against the 'model' (recorded
+    responses), append, observe. Every step stays within Γ and each request's cap; every request
+    finishes with exactly its recorded tokens, in fewer steps than plain decoding."""
+    from seer_jax.rollout.drafting import BudgetConfig, SpeculationBudget
+
+    def step_time(b, g):
+        n = b * (1 + g)
+        return 1e-3 + max(4e-3, 4e-3 * n / 256) + 2e-6 * n
+
+    groups = synthetic_groups(3, 6, 80, mix="structured", seed=4)
+    svc = InProcessDraftService(DraftConfig())
+    budget = SpeculationBudget(step_time, BudgetConfig())
+    for g in groups:
+        svc.append(g.group_id, None, g.prompt_ids)
+    running = {(g.group_id, f"r{i}"): r for g in groups for i, r in enumerate(g.responses)}
+    out = {k: [] for k in running}
+    steps = 0
+    while running:
+        keys = list(running)
+        plan = budget.plan(len(keys))
+        drafts = []
+        if plan.enabled:
+            cand = svc.speculate([DraftQuery(g, r, plan.max_nodes_per_request, plan.max_depth,
+                                             plan.width) for g, r in keys])
+            prios = [int(r == "r0") for _, r in keys]  # one probe per group: high priority
+            drafts = budget.allocate(cand, prios, plan)
+            assert sum(len(d) for d in drafts) <= plan.total_tokens
+            for d in drafts:
+                d.validate()
+                assert len(d) <= plan.max_nodes_per_request and d.depth <= plan.max_depth
+        accepted = []
+        appends = []
+        for j, k in enumerate(keys):
+            resp, pos = running[k], len(out[k])
+            acc = drafts[j].accepted_length(resp[pos:]) if drafts else 0
+            acc = min(acc, len(resp) - pos - 1)
+            accepted.append(acc)
+            new = resp[pos : pos + acc + 1]  # accepted drafts + the model's own (bonus) token
+            out[k].extend(new)
+            appends.append(DraftAppend.make(k[0], k[1], new))
+            if len(out[k]) == len(resp):
+                del running[k]
+        svc.append_batch(appends)
+        if drafts:
+            budget.stats.observe_drafts(drafts, accepted)
+        steps += 1
+    for g in groups:
+        for i, r in enumerate(g.responses):
+            assert out[(g.group_id, f"r{i}")] == r
+    assert steps < max(len(r) for g in groups for r in g.responses)
+    assert budget.stats.observations[0] > 0
