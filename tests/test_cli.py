@@ -55,3 +55,20 @@ def test_prompt_longer_than_context(tmp_path, capsys):
     # within context it works and emits JSON
     assert main(["generate", "--model", str(tmp_path / "m"), "--prompt-ids", "5,6,7",
                  "--max-tokens", "4", "--json"]) == 0
+
+
+def test_bench_profile_writes_a_loadable_step_profile(tmp_path):
+    from seer_jax.model.config import tiny_config
+    from seer_jax.model.llama import init_params
+    from seer_jax.model.loading import save_orbax
+    from seer_jax.sim.cost_model import StepProfile
+
+    cfg = tiny_config()
+    save_orbax(tmp_path / "m", cfg, init_params(cfg))
+    out = tmp_path / "profile.json"
+    assert main(["bench", "--profile", "--model", str(tmp_path / "m"), "--batch-sizes", "1,4",
+                 "--gammas", "0,2", "--context", "20", "--iters", "1", "--json", str(out)]) == 0
+    profile = StepProfile.load(out)
+    assert len(profile.points) == 4
+    assert {(p.batch_size, p.gamma) for p in profile.points} == {(1, 0), (1, 2), (4, 0), (4, 2)}
+    assert all(p.step_s > 0 for p in profile.points)
