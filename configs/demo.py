@@ -1,4 +1,4 @@
-"""CPU demo: a tiny random Llama on 4 fake CPU devices (2 instances x tp2), GRPO for 3 steps.
+"""CPU demo: a tiny random Llama on 4 fake CPU devices (2 instances x tp2), GRPO for 30 steps.
 
 Used by `examples/grpo_tunix.py` by default; `--config.model.name=smollm2` switches the model
 (pass the SmolLM2 dimensions too, see configs/gpu_8xh200.py for the keys, or use --model).

@@ -49,7 +49,7 @@ def default_config() -> ml_collections.ConfigDict:
     c.sampling = ml_collections.ConfigDict(dict(
         group_size=4, max_tokens=16, max_prompt_length=32, temperature=1.0, top_p=1.0, top_k=0))
     c.trainer = ml_collections.ConfigDict(dict(
-        num_steps=3, batch_size=4, learning_rate=3e-3, beta=0.0, seed=0, checkpoint_dir=""))
+        num_steps=30, batch_size=4, learning_rate=1e-2, beta=0.0, seed=0))
     return c
 
 

@@ -234,3 +234,29 @@ class CharTokenizer:
 
     def pad_id(self) -> int:
         return 0
+
+
+class TunixTokenizer:
+    """Our `seer_jax.model.tokenizer.Tokenizer` with the methods Tunix's TokenizerAdapter calls.
+
+    `bos_id()` is None unless the model adds a BOS token (the rollout prepends it, as Tunix's own
+    sampler does), so SmolLM2 prompts get none.
+    """
+
+    def __init__(self, tokenizer: Any):
+        self.tokenizer = tokenizer
+
+    def encode(self, text: str, **_: Any) -> list[int]:
+        return self.tokenizer.encode(str(text), add_bos=False)
+
+    def decode(self, ids: Sequence[int], **_: Any) -> str:
+        return self.tokenizer.decode([int(i) for i in ids])
+
+    def bos_id(self) -> int | None:
+        return self.tokenizer.bos_id if self.tokenizer.add_bos_token else None
+
+    def eos_id(self) -> int:
+        return self.tokenizer.eos_id
+
+    def pad_id(self) -> int:
+        return self.tokenizer.pad_id
