@@ -11,7 +11,7 @@ from seer_jax.errors import InputError
 from seer_jax.model.config import tiny_config
 from seer_jax.model.generate import full_forward, generate
 from seer_jax.model.llama import init_params
-from seer_jax.rollout.sampling import filter_logits
+from seer_jax.pallas import sampling_log_probs
 from seer_jax.rollout.types import SamplingParams
 
 CFG = tiny_config(eos_token_ids=())
@@ -50,14 +50,15 @@ def test_top_k_one_is_greedy():
     assert all(abs(lp) < 1e-6 for g in topk1 for lp in g.logprobs)  # one token left: prob 1
 
 
-def test_filter_logits_top_p_top_k():
+def test_sampling_distribution_top_p_top_k_temperature():
     logits = jnp.log(jnp.array([[0.5, 0.2, 0.15, 0.1, 0.05]]))
-    f = np.asarray(filter_logits(logits, jnp.array([1.0]), jnp.array([0.65]), jnp.array([0])))
+    f = np.asarray(sampling_log_probs(logits, jnp.array([1.0]), jnp.array([0.65]), jnp.array([0])))
     assert np.isfinite(f[0, :2]).all() and np.isneginf(f[0, 2:]).all()
-    f = np.asarray(filter_logits(logits, jnp.array([1.0]), jnp.array([1.0]), jnp.array([3])))
+    np.testing.assert_allclose(np.exp(f[0, :2]), [0.5 / 0.7, 0.2 / 0.7], rtol=1e-5)
+    f = np.asarray(sampling_log_probs(logits, jnp.array([1.0]), jnp.array([1.0]), jnp.array([3])))
     assert np.isfinite(f[0, :3]).all() and np.isneginf(f[0, 3:]).all()
-    f = np.asarray(filter_logits(logits, jnp.array([2.0]), jnp.array([1.0]), jnp.array([0])))
-    np.testing.assert_allclose(f, np.asarray(logits) / 2, rtol=1e-6)
+    f = np.asarray(sampling_log_probs(logits, jnp.array([2.0]), jnp.array([1.0]), jnp.array([0])))
+    np.testing.assert_allclose(f, np.asarray(jax.nn.log_softmax(logits / 2)), rtol=1e-5)
 
 
 def test_eos_and_stop_tokens_cut_output():
