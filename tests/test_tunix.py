@@ -152,7 +152,7 @@ def cluster():
     rollout_config = RolloutConfig(max_tokens_to_generate=8, temperature=1.0, top_p=1.0,
                                    top_k=None, max_prompt_length=16, return_logprobs=True, seed=7)
     engine = functools.partial(
-        SeerRollout, num_instances=2, tp=2, backend="engine",
+        SeerRollout, num_instances=2, tp=2, controller_config={"chunk_size": 4},
         engine_config=EngineConfig(num_pages=96, page_size=8, max_num_seqs=16,
                                    max_num_batched_tokens=64, max_model_len=64))
     config = rl.ClusterConfig(
@@ -189,6 +189,7 @@ def test_grpo_step_logprobs_and_weight_sync(cluster):
     prompts = [p for p in PROMPTS for _ in range(G)]
     out = cluster.generate(prompts)
     assert rollout.policy_version == 0 and len(out.tokens) == len(prompts)
+    assert rollout.group.last_backend == "api"  # through the controller, in chunks of 4 tokens
     assert {r.instance for r in rollout.last_responses} == {0, 1}  # groups spread over slices
     # 1. rollout logprobs == a forward pass of the actor at the same weights
     ref, comp, upto = _actor_logps(cluster, out)
@@ -254,3 +255,27 @@ def _unflatten_like(params, flat_by_path):
     leaves_with_path = jax.tree_util.tree_leaves_with_path(params)
     treedef = jax.tree_util.tree_structure(params)
     return jax.tree_util.tree_unflatten(treedef, [flat_by_path[p] for p, _ in leaves_with_path])
+
+
+@pytest.mark.slow
+def test_example_runs_grpo_steps_and_checkpoints(tmp_path):
+    import importlib.util
+    import json
+    import pathlib
+
+    path = pathlib.Path(__file__).resolve().parents[1] / "examples" / "grpo_tunix.py"
+    spec = importlib.util.spec_from_file_location("grpo_tunix_example", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert mod.score(" 68", "68") == 1.5 and mod.score("6x", "68") == 0.25 and mod.score("689", "68") == 0.5
+    rc = mod.main(["--out", str(tmp_path), "--config.trainer.num_steps=2"])
+    assert rc == 0
+    report = json.loads((tmp_path / "grpo_tunix.json").read_text())
+    s = report["summary"]
+    assert s["final_policy_version"] == 2 and s["engines_serve_final_policy"]
+    assert s["orbax_roundtrip_equal"]
+    assert [h["policy_version"] for h in report["steps"]] == [0, 1]
+    from seer_jax.model import load
+
+    cfg, params, tok = load(s["checkpoint"])
+    assert tok is None and cfg.vocab_size == 128

@@ -17,6 +17,7 @@ import jax.numpy as jnp
 
 from seer_jax.model.config import ModelConfig
 from seer_jax.model.llama import Llama, Params, forward
+from seer_jax.pallas.acceptance import sampling_log_probs
 
 _MASKED = -1e30  # finite: rows that see no key at all (left padding) stay NaN-free
 
@@ -77,16 +78,13 @@ def completion_logprobs(params: Params, cfg: ModelConfig, prompt_bp: jax.Array,
     prompt left-padded [B, P], completion right-padded [B, C]; valid_bt marks real tokens of the
     concatenation (Tunix's convention: positions and attention skip pads).
     """
-    from seer_jax.rollout.sampling import filter_logits
-
     tokens = jnp.concatenate([prompt_bp, completion_bc], axis=1)
     B, T = tokens.shape
     C = completion_bc.shape[1]
     positions = jnp.maximum(jnp.cumsum(valid_bt, axis=-1) - 1, 0)
     mask = valid_bt[:, None, :] & jnp.tril(jnp.ones((T, T), bool))[None]
     logits = masked_forward(params, cfg, tokens, positions, mask)[:, T - C - 1:T - 1]
-    flat = logits.reshape(B * C, -1)
-    rep = lambda a: jnp.repeat(a, C)
-    filtered = filter_logits(flat, rep(temperature_b), rep(top_p_b), rep(top_k_b))
-    logp = jax.nn.log_softmax(filtered, axis=-1).reshape(B, C, -1)
+    per_token = lambda a: jnp.broadcast_to(a[:, None], (B, C))
+    logp = sampling_log_probs(logits, per_token(temperature_b), per_token(top_p_b),
+                              per_token(top_k_b))
     return jnp.take_along_axis(logp, completion_bc[..., None], axis=-1)[..., 0]
