@@ -40,6 +40,7 @@ class EngineConfig:
     prefix_sharing: bool = True
     preemption: str = "recompute"  # or "swap"
     max_top_logprobs: int = 0
+    speculation: bool = False  # grouped speculative decoding (drafts from the group context)
 
     def validate(self) -> None:
         checks = {
@@ -67,6 +68,8 @@ class RequestMetrics:
     finish_time: float | None = None
     num_preemptions: int = 0
     num_steps: int = 0
+    spec_proposed: int = 0
+    spec_accepted: int = 0
 
 
 @dataclasses.dataclass
@@ -126,6 +129,8 @@ class _Seq:
     swapped: KVBlob | None = None
     admitted_at: int = 0
     keep_kv: bool = False
+    group_id: str = ""
+    priority: int = 0
 
     @property
     def tokens(self) -> list[int]:
@@ -139,7 +144,9 @@ class _Seq:
 class Engine:
     def __init__(self, cfg: ModelConfig, params: Params, config: EngineConfig = EngineConfig(),
                  mesh: Mesh | None = None, eos_ids: tuple[int, ...] | None = None,
-                 clock: Callable[[], float] = time.perf_counter):
+                 clock: Callable[[], float] = time.perf_counter, speculator=None):
+        """speculator: a `seer_jax.rollout.speculation.Speculator` (shared draft service and
+        budget); one is created when config.speculation is on and none is given."""
         config.validate()
         self.cfg = cfg
         self.config = config
@@ -157,14 +164,22 @@ class Engine:
         self.num_preemptions = 0
         self.step_stats: list[StepStats] = []
         self.max_pps = self.blocks.pages_for(self.max_model_len)
+        if speculator is None and config.speculation:
+            from seer_jax.rollout.speculation import Speculator
+
+            speculator = Speculator()
+        self.spec = speculator
 
     # ------------------------------------------------------------------ requests
     def add_request(self, request_id: str, prompt_ids: list[int], max_tokens: int,
                     sampling: SamplingParams = SamplingParams(), output_ids: list[int] = (),
-                    kv: KVBlob | None = None, keep_kv: bool = False) -> None:
+                    kv: KVBlob | None = None, keep_kv: bool = False, group_id: str | None = None,
+                    priority: int = 0) -> None:
         """Queue a request. `output_ids`: tokens generated earlier (a continued request); `kv`: its
         KV from another engine (`export_kv`), else it is re-prefilled. `keep_kv`: when the request
-        ends on its max_tokens (a chunk of a longer request), return its KV in the output."""
+        ends on its max_tokens (a chunk of a longer request), return its KV in the output.
+        `group_id`: the request's group (shared draft context; default: its own id); `priority`
+        1 = the high-priority class of the speculation budget."""
         if request_id in self.seqs:
             raise InputError(f"request id {request_id!r} is already in the engine")
         prompt = [int(t) for t in prompt_ids]
@@ -188,7 +203,8 @@ class Engine:
             raise InputError(f"request {request_id!r}: top_logprobs={sampling.top_logprobs} exceeds the "
                              f"engine's max_top_logprobs={self.config.max_top_logprobs}")
         seq = _Seq(request_id, prompt, list(output_ids), len(output_ids), max_tokens, sampling,
-                   RequestMetrics(arrival_time=self.clock()), keep_kv=keep_kv)
+                   RequestMetrics(arrival_time=self.clock()), keep_kv=keep_kv,
+                   group_id=request_id if group_id is None else group_id, priority=priority)
         if kv is not None:
             if kv.prompt_ids != prompt or kv.output_ids != list(output_ids):
                 raise InputError(f"request {request_id!r}: KV blob tokens do not match the request")
@@ -198,6 +214,8 @@ class Engine:
             seq.swapped = kv
         self.seqs[request_id] = seq
         self.waiting.append(seq)
+        if self.spec is not None:
+            self.spec.on_add(seq.group_id, prompt)
 
     def abort(self, request_id: str) -> RequestOutput | None:
         seq = self.seqs.pop(request_id, None)
@@ -358,44 +376,115 @@ class Engine:
                 raise SeerError("no request can be scheduled: the KV pool is too small for the "
                                 "smallest waiting request")
             return []
-        layout, batch, rows = self._build_batch(decode, prefill)
-        toks, lps, top = self.runner.sample(layout, batch, self.config.max_top_logprobs)
-        finished = []
-        kv_tokens = 0
-        for seq, n in [(s, 1) for s in decode] + prefill:
-            seq.num_computed += n
+        drafts = self._propose(decode) if self.spec is not None and decode else None
+        layout, batch, rows = self._build_batch(decode, prefill, drafts)
+        # emissions: (seq, tokens, logprobs, top-logprobs rows) in emission order
+        emissions: list[tuple[_Seq, list[int], list[float], list]] = []
+        if drafts is None:
+            toks, lps, top = self.runner.sample(layout, batch, self.config.max_top_logprobs)
+            for seq, n in [(s, 1) for s in decode] + prefill:
+                seq.num_computed += n
+            for seq, row in rows:
+                tops = []
+                if seq.sampling.top_logprobs:
+                    k = seq.sampling.top_logprobs
+                    tops = [list(zip(top[0][row, :k].tolist(), top[1][row, :k].tolist(), strict=True))]
+                emissions.append((seq, [int(toks[row])], [float(lps[row])], tops))
+        else:
+            (d_toks, d_lps, n_acc, acc_nodes), pre = self.runner.verify(layout, batch)
+            src, dst = [], []
+            accepted = []
+            for i, seq in enumerate(decode):
+                a = int(n_acc[i])
+                root = seq.num_computed
+                for k, node in enumerate(acc_nodes[i, :a].tolist()):
+                    if node != k:  # compact the accepted tree path into consecutive slots
+                        src.append(self._slot(seq, root + 1 + node))
+                        dst.append(self._slot(seq, root + 1 + k))
+                seq.num_computed += 1 + a
+                seq.metrics.spec_proposed += len(drafts[i])
+                seq.metrics.spec_accepted += a
+                accepted.append(a)
+                emissions.append((seq, d_toks[i, :a + 1].tolist(), d_lps[i, :a + 1].tolist(), []))
+            self.runner.move_slots(src, dst)
+            self.spec.observe(drafts, accepted)
+            split = layout.n_dec * layout.q_dec
+            for seq, n in prefill:
+                seq.num_computed += n
+            for seq, row in rows:
+                if row >= split:
+                    emissions.append((seq, [int(pre[0][row - split])], [float(pre[1][row - split])], []))
+        for seq, _ in [(s, 1) for s in decode] + prefill:
             seq.metrics.num_steps += 1
-            kv_tokens += seq.num_computed
+        kv_tokens = sum(s.num_computed for s in decode) + sum(s.num_computed for s, _ in prefill)
         now = self.clock()
-        for seq, row in rows:
-            tok = int(toks[row])
-            seq.output.append(tok)
-            seq.logprobs.append(float(lps[row]))
-            if seq.sampling.top_logprobs:
-                n = seq.sampling.top_logprobs
-                seq.tops.append(list(zip(top[0][row, :n].tolist(), top[1][row, :n].tolist(), strict=True)))
+        finished = []
+        for seq, toks_e, lps_e, tops_e in emissions:
             if seq.metrics.first_token_time is None:
                 seq.metrics.first_token_time = now
             reason = None
-            if tok in self.eos_ids:
-                reason = "eos"
-            elif tok in seq.sampling.stop_token_ids:
-                reason = "stop"
-            elif seq.num_new >= seq.max_tokens:
-                reason = "length"
+            n_out = 0
+            for j, tok in enumerate(toks_e):
+                seq.output.append(tok)
+                seq.logprobs.append(float(lps_e[j]))
+                if tops_e:
+                    seq.tops.append(tops_e[j])
+                n_out += 1
+                if tok in self.eos_ids:
+                    reason = "eos"
+                elif tok in seq.sampling.stop_token_ids:
+                    reason = "stop"
+                elif seq.num_new >= seq.max_tokens:
+                    reason = "length"
+                if reason is not None:
+                    break
+            if self.spec is not None:
+                self.spec.on_tokens(seq.group_id, seq.request_id, toks_e[:n_out])
             if reason is not None:
+                if self.spec is not None:
+                    self.spec.on_finish(seq.group_id, seq.request_id)
                 finished.append(self._finish(seq, reason))
+            elif drafts is not None:  # roll back pages the rejected draft nodes used
+                keep = self.blocks.pages_for(len(seq.tokens))
+                if len(seq.pages) > keep:
+                    self.blocks.release(seq.pages[keep:])
+                    del seq.pages[keep:]
         # register prompt prefixes whose prefill completed this step
         if self.config.prefix_sharing:
             for seq, n in prefill:
                 if seq.request_id in self.seqs and not seq.base_len and seq.num_computed >= len(seq.prompt) \
                         and seq.num_computed - n < len(seq.prompt):
                     self.blocks.register_prefix(tuple(seq.prompt), seq.pages)
-        n_dec, n_pre = len(decode), sum(n for _, n in prefill)
+        n_dec = sum(1 + (len(d) if drafts else 0) for d in (drafts or decode))
+        n_pre = sum(n for _, n in prefill)
         self.step_stats.append(StepStats(self.step_count, len(decode) + len(prefill), n_dec + n_pre,
                                          n_pre, n_dec, self.clock() - t0, kv_tokens))
         self.step_count += 1
         return finished
+
+    def _slot(self, seq: _Seq, pos: int) -> int:
+        S = self.config.page_size
+        return seq.pages[pos // S] * S + pos % S
+
+    def _propose(self, decode: list[_Seq]):
+        """Drafts for the decode batch (None: no speculation this step). Each draft fits the
+        sequence's remaining token budget and context, and its verify pages are allocated."""
+        limits = [min(s.max_tokens - s.num_new, self.max_model_len - len(s.tokens)) - 1 for s in decode]
+        drafts = self.spec.propose(decode, limits)
+        if drafts is None:
+            return None
+        out = []
+        for seq, d in zip(decode, drafts, strict=True):
+            room = self.max_model_len - len(seq.tokens)
+            if len(d) > room:
+                d = d.truncate(max(room, 0))
+            if len(d):
+                try:
+                    self.blocks.grow(seq.pages, seq.num_computed + 1 + len(d))
+                except OutOfPages:
+                    d = d.truncate(0)
+            out.append(d)
+        return out if any(len(d) for d in out) else None
 
     def _finish(self, seq: _Seq, reason: str) -> RequestOutput:
         seq.metrics.finish_time = self.clock()
@@ -415,14 +504,17 @@ class Engine:
         return RequestOutput(seq.request_id, seq.prompt, seq.output[seq.base_len:], seq.logprobs,
                              seq.tops if seq.sampling.top_logprobs else None, reason, seq.metrics)
 
-    def _build_batch(self, decode: list[_Seq], prefill: list[tuple[_Seq, int]]):
+    def _build_batch(self, decode: list[_Seq], prefill: list[tuple[_Seq, int]], drafts=None):
+        """Padded arrays for one step. With drafts, each decode sequence carries [pending token,
+        draft nodes...] as a token tree and every one of its tokens gets a logits row."""
         cfgc = self.config
         S = cfgc.page_size
         all_seqs = decode + [s for s, _ in prefill]
         max_pages = max(len(s.pages) for s in all_seqs)
+        q_dec = 1 if drafts is None else bucket(1 + max(len(d) for d in drafts), 2)
         layout = Layout(
             n_dec=bucket(len(decode), 8, cfgc.max_num_seqs) if decode else 0,
-            q_dec=1,
+            q_dec=q_dec,
             n_pre=cfgc.max_prefill_seqs if prefill else 0,
             t_pre=bucket(sum(n for _, n in prefill), 16, cfgc.max_num_batched_tokens) if prefill else 0,
             pps=bucket(max_pages, 4, self.max_pps),
@@ -440,7 +532,13 @@ class Engine:
         rows: list[tuple[_Seq, int]] = []
         batch: dict[str, np.ndarray] = {}
 
-        def region(prefix, n_slots, items, token_start, row_start):
+        def set_row(row, seq):
+            sp = seq.sampling
+            temperature[row], top_p[row], top_k[row] = sp.temperature, sp.top_p, sp.top_k
+            seeds[row] = sp.seed & 0xFFFFFFFF
+            gen_index[row] = len(seq.output)
+
+        def region(prefix, n_slots, items, token_start, row_start, row_stride=1):
             cu = np.zeros(n_slots + 1, np.int32)
             kv_lens = np.zeros(n_slots, np.int32)
             pages = np.zeros((n_slots, layout.pps), np.int32)
@@ -458,26 +556,63 @@ class Engine:
                 pages[i, :len(seq.pages)] = seq.pages
                 t += n
                 if start + n == len(toks):  # the last pending token: sample after it
-                    row = row_start + i
+                    row = row_start + i * row_stride
                     logits_index[row] = t - 1
-                    sp = seq.sampling
-                    temperature[row], top_p[row], top_k[row] = sp.temperature, sp.top_p, sp.top_k
-                    seeds[row] = sp.seed & 0xFFFFFFFF
-                    gen_index[row] = len(seq.output)
+                    set_row(row, seq)
                     rows.append((seq, row))
             cu[len(items) + 1:] = cu[len(items)]
             batch.update({f"{prefix}_cu": cu, f"{prefix}_kv_lens": kv_lens, f"{prefix}_pages": pages,
                           f"{prefix}_num": np.int32(len(items))})
+            return t
 
         split = layout.n_dec * layout.q_dec
         if layout.n_dec:
-            region("dec", layout.n_dec, [(s, 1) for s in decode], 0, 0)
+            region("dec", layout.n_dec, [(s, 1) for s in decode], 0, 0, layout.q_dec)
+        if drafts is not None:
+            self._add_drafts(layout, batch, decode, drafts, tokens, positions, slots, logits_index)
         if layout.n_pre:
             region("pre", layout.n_pre, prefill, split, split)
         batch.update(tokens=tokens, positions=positions, slots=slots, logits_index=logits_index,
                      temperature=temperature, top_p=top_p, top_k=top_k, seeds=seeds,
                      gen_index=gen_index)
         return layout, batch, rows
+
+    def _add_drafts(self, layout, batch, decode, drafts, tokens, positions, slots, logits_index):
+        """Re-lay the decode region as [pending token, draft nodes...] per sequence."""
+        from seer_jax.rollout.speculation import verify_parents
+
+        S = self.config.page_size
+        q = layout.q_dec
+        n_nodes = q - 1
+        cu = np.zeros(layout.n_dec + 1, np.int32)
+        kv_lens = batch["dec_kv_lens"]
+        parents = np.full(layout.n_dec * q, -1, np.int32)
+        d_tokens = np.zeros((layout.n_dec, n_nodes), np.int32)
+        d_parents = np.full((layout.n_dec, n_nodes), -1, np.int32)
+        num_draft = np.zeros(layout.n_dec, np.int32)
+        t = 0
+        for i, (seq, d) in enumerate(zip(decode, drafts, strict=True)):
+            n = len(d)
+            root = seq.num_computed
+            tokens[t] = seq.tokens[-1]
+            tokens[t + 1:t + 1 + n] = d.tokens
+            positions[t] = root
+            positions[t + 1:t + 1 + n] = root + d.depths()
+            pos = root + np.arange(n + 1)
+            pg = np.asarray(seq.pages, np.int64)
+            slots[t:t + 1 + n] = pg[pos // S] * S + pos % S
+            parents[t:t + 1 + n] = verify_parents(d)
+            logits_index[i * q:i * q + 1 + n] = np.arange(t, t + 1 + n)
+            kv_lens[i] = root + 1 + n
+            cu[i + 1] = cu[i] + 1 + n
+            d_tokens[i, :n] = d.tokens
+            d_parents[i, :n] = d.parents
+            num_draft[i] = n
+            t += 1 + n
+        cu[len(decode) + 1:] = cu[len(decode)]
+        slots[t:layout.n_dec * q] = -1
+        batch.update(dec_cu=cu, dec_kv_lens=kv_lens, dec_parents=parents, draft_tokens=d_tokens,
+                     draft_parents=d_parents, num_draft=num_draft)
 
     # ------------------------------------------------------------------ conveniences
     def run_until_done(self, max_steps: int = 1_000_000) -> dict[str, RequestOutput]:

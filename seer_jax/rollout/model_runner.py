@@ -25,7 +25,9 @@ from seer_jax.model.config import ModelConfig
 from seer_jax.model.llama import Params, forward, jnp_dtype
 from seer_jax.model.sharding import ShardingRules, shard_params
 from seer_jax.pallas import ragged_paged_attention
-from seer_jax.pallas.acceptance import accept_draft_tree, verify_tree_parents  # noqa: F401
+from seer_jax.pallas.acceptance import accept_draft_tree
+from seer_jax.pallas.checks import resolve_impl
+from seer_jax.rollout.cpu_attention import paged_decode_attention
 from seer_jax.rollout.sampling import request_keys, sample_tokens, top_logprobs
 
 TRACE_COUNTS: dict[str, int] = {"step": 0}
@@ -56,6 +58,22 @@ def bucket(n: int, minimum: int, maximum: int | None = None) -> int:
     return b if maximum is None else min(b, max(maximum, n))
 
 
+def fine_bucket(n: int, minimum: int, maximum: int | None = None) -> int:
+    """Like `bucket` but with 4 sizes per octave above 4*minimum (8, 16, 24, 32, 40, 48, 56, 64,
+    80, 96, ... for minimum 8): less padding for a slowly shrinking decode batch, at the price of
+    a few more compiled variants."""
+    b = minimum
+    while b < n:
+        b += max(minimum, b // 4)
+    return b if maximum is None else min(b, max(maximum, n))
+
+
+def uses_cpu_decode(impl: str, layout: Layout) -> bool:
+    """Whether the decode region runs `cpu_attention.paged_decode_attention` (reference impl,
+    plain one-token decode): its cost does not depend on the page-table width."""
+    return layout.q_dec == 1 and resolve_impl(impl) == "reference"
+
+
 def _paged_attention(cache, meta, layer, q, k, v, *, layout: Layout, impl: str):
     k_all, v_all = cache
     _, _, num_pages, page_size, _ = k_all.shape
@@ -67,7 +85,11 @@ def _paged_attention(cache, meta, layer, q, k, v, *, layout: Layout, impl: str):
     v_all = v_all.at[layer, :, pg, off].set(v.astype(v_all.dtype), mode="drop")
     outs = []
     split = layout.n_dec * layout.q_dec
-    if layout.n_dec:
+    if layout.n_dec and uses_cpu_decode(impl, layout) and meta.get("dec_parents") is None:
+        outs.append(paged_decode_attention(
+            q[:split], k_all[layer], v_all[layer], meta["dec_kv_lens"], meta["dec_pages"],
+            meta["dec_num"]))
+    elif layout.n_dec:
         outs.append(ragged_paged_attention(
             q[:split], k_all[layer], v_all[layer], meta["dec_kv_lens"], meta["dec_pages"],
             meta["dec_cu"], meta["dec_num"], tree_parents=meta.get("dec_parents"),
@@ -94,6 +116,39 @@ def _sample_step(params, k_all, v_all, batch, *, cfg, layout, impl, num_top):
     if num_top:
         top = top_logprobs(logits, batch["temperature"], batch["top_p"], batch["top_k"], num_top)
     return k_all, v_all, toks, lps, top
+
+
+@functools.partial(jax.jit, static_argnames=("cfg", "layout", "impl"),
+                   donate_argnames=("k_all", "v_all"))
+def _verify_step(params, k_all, v_all, batch, *, cfg, layout, impl):
+    """Speculative step: the decode region holds [last token, draft nodes...] per sequence (a
+    token tree via dec_parents); every decode-region token gets logits, and the draft tree is
+    accepted or rejected losslessly. Prefill rows are sampled as usual."""
+    TRACE_COUNTS["step"] += 1
+    attention = functools.partial(_paged_attention, layout=layout, impl=impl)
+    logits, (k_all, v_all) = forward(params, cfg, batch["tokens"], batch["positions"],
+                                     (k_all, v_all), batch, attention,
+                                     logits_index=batch["logits_index"])
+    nd, q = layout.n_dec, layout.q_dec
+    keys = request_keys(batch["seeds"], batch["gen_index"])
+    temp, top_p, top_k = batch["temperature"], batch["top_p"], batch["top_k"]
+    res = accept_draft_tree(batch["draft_tokens"], batch["draft_parents"], batch["num_draft"],
+                            logits[: nd * q].reshape(nd, q, -1), temp[: nd * q: q],
+                            top_p[: nd * q: q], top_k[: nd * q: q], keys[: nd * q: q])
+    pre = None
+    if layout.n_pre:
+        pre = sample_tokens(logits[nd * q:], keys[nd * q:], temp[nd * q:], top_p[nd * q:],
+                            top_k[nd * q:])
+    return k_all, v_all, res, pre
+
+
+@functools.partial(jax.jit, donate_argnames=("k_all", "v_all"))
+def _move_slots(k_all, v_all, src, dst):
+    L, H, P, S, D = k_all.shape
+    kf, vf = k_all.reshape(L, H, P * S, D), v_all.reshape(L, H, P * S, D)
+    kf = kf.at[:, :, dst].set(kf[:, :, src])
+    vf = vf.at[:, :, dst].set(vf[:, :, src])
+    return kf.reshape(L, H, P, S, D), vf.reshape(L, H, P, S, D)
 
 
 @functools.partial(jax.jit, donate_argnames=("k_all", "v_all"))
@@ -147,6 +202,23 @@ class ModelRunner:
         if top is not None:
             top = (np.asarray(top[0]), np.asarray(top[1]))
         return toks, lps, top
+
+    def verify(self, layout: Layout, batch: dict[str, np.ndarray]):
+        """Run a speculative step; returns host arrays (tokens [n_dec, q], logprobs [n_dec, q],
+        num_accepted [n_dec], accepted_nodes [n_dec, q-1]) and the prefill (tokens, logprobs)."""
+        dev = {k: jnp.asarray(v) for k, v in batch.items()}
+        self.k_all, self.v_all, res, pre = _verify_step(
+            self.params, self.k_all, self.v_all, dev, cfg=self.cfg, layout=layout, impl=self.impl)
+        out = (np.asarray(res.tokens), np.asarray(res.logprobs), np.asarray(res.num_accepted),
+               np.asarray(res.accepted_nodes))
+        return out, (None if pre is None else (np.asarray(pre[0]), np.asarray(pre[1])))
+
+    def move_slots(self, src: list[int], dst: list[int]) -> None:
+        """Copy the K/V at cache slots src to slots dst (all layers): compacts an accepted tree
+        path into consecutive positions."""
+        if src:
+            self.k_all, self.v_all = _move_slots(self.k_all, self.v_all, jnp.asarray(src, jnp.int32),
+                                                 jnp.asarray(dst, jnp.int32))
 
     def copy_pages(self, pairs: list[tuple[int, int]]) -> None:
         if not pairs:
