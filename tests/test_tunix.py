@@ -138,6 +138,26 @@ def test_engine_group_refuses_sync_mid_rollout():
 tunix = pytest.importorskip("tunix")
 
 
+def test_rollout_takes_parallelism_and_dtype_from_rollout_config():
+    from flax import nnx
+    from tunix.rl import utils as rl_utils
+    from tunix.rl.rollout.base_rollout import RolloutConfig
+
+    from seer_jax.integrations.tunix import CharTokenizer, SeerRollout
+
+    actor = TunixLlama(CFG, rngs=nnx.Rngs(params=0))
+    mesh = jax.sharding.Mesh(np.array(jax.devices()).reshape(2, 4), ("fsdp", "tp"))
+    rc = RolloutConfig(tensor_parallel_size=4, data_parallel_size=2, data_type=jnp.bfloat16)
+    ro = SeerRollout(actor, CharTokenizer(), mesh, rc, engine_config=EngineConfig(num_pages=8))
+    assert [m.devices.size for m in ro.group.meshes] == [4, 4]
+    assert ro.cfg.dtype == "bfloat16"
+    assert all(v.dtype == jnp.bfloat16 for v in jax.tree.leaves(ro.group.params(1)))
+    assert not rl_utils.is_sharing_weights(actor, ro.model())  # so Tunix does sync
+    assert (ro.pad_id(), ro.eos_id(), ro.policy_version) == (0, 2, 0)
+    with pytest.raises(ConfigError, match="data_type='int8'"):
+        SeerRollout(actor, CharTokenizer(), mesh, RolloutConfig(data_type=jnp.int8))
+
+
 @pytest.fixture(scope="module")
 def cluster():
     import optax

@@ -51,13 +51,25 @@ class SeerRollout(base_rollout.BaseRollout):
 
     def __init__(self, rollout_actor: nnx.Module, tokenizer: Any, mesh: Mesh | None = None,
                  rollout_config: base_rollout.RolloutConfig | None = None, *,
-                 model_config: ModelConfig | None = None, num_instances: int = 1, tp: int = 0,
+                 model_config: ModelConfig | None = None, num_instances: int = 0, tp: int = 0,
                  engine_config: EngineConfig | None = None, policy: str = "seer",
                  controller_config: dict[str, Any] | None = None, backend: str = "auto",
                  param_mapping: ParamMapping | None = None, rules: ShardingRules = ShardingRules()):
         cfg = model_config or getattr(rollout_actor, "cfg", None)
         if not isinstance(cfg, ModelConfig):
             raise ConfigError("SeerRollout needs model_config= unless the actor is a TunixLlama/Llama")
+        rc = rollout_config
+        # RolloutConfig's parallelism and dtype apply unless given here: data_parallel_size engine
+        # replicas of tensor_parallel_size devices each.
+        if not num_instances:
+            num_instances = rc.data_parallel_size if rc is not None and rc.data_parallel_size > 0 else 1
+        if not tp and rc is not None and rc.tensor_parallel_size > 0:
+            tp = rc.tensor_parallel_size
+        if rc is not None and rc.data_type is not None:
+            dtype = jnp.dtype(rc.data_type).name
+            if dtype not in ("float32", "bfloat16"):
+                raise ConfigError(f"rollout_config.data_type={dtype!r}: allowed float32, bfloat16")
+            cfg = cfg.with_dtype(dtype)
         self.cfg = cfg
         self.tokenizer = tokenizer
         self.mesh = mesh
