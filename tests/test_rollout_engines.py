@@ -70,3 +70,25 @@ def test_bad_rollout_config(key, value, msg):
     c[key] = value
     with pytest.raises(ConfigError, match=msg):
         validate_config(c)
+
+
+def test_seer_with_grouped_speculation_token_identical(reference):
+    from seer_jax.rollout.drafting.budget import BudgetConfig, SpeculationBudget
+    from seer_jax.rollout.drafting.service import InProcessDraftService
+    from seer_jax.rollout.speculation import Speculator
+
+    service = InProcessDraftService()  # one grouped draft server shared by both instances
+    specs = [Speculator(service, SpeculationBudget(lambda b, g: 1.0, BudgetConfig(beta_init=0.9)))
+             for _ in range(2)]
+    pool = HostKVPool()
+    engine_cfg = EngineConfig(num_pages=96, page_size=8, max_num_seqs=8, max_num_batched_tokens=16,
+                              max_prefill_seqs=2, speculation=True)
+    instances = make_engine_instances(CFG, PARAMS, num_instances=2, tp=1, engine_config=engine_cfg,
+                                      pool=pool, devices=jax.devices()[:2], speculators=specs)
+    out = rollout(GROUPS, group_size=3, max_tokens=30, instances=instances,
+                  sampling=SamplingParams(temperature=0.0), policy="seer", pool=pool,
+                  config={"chunk_size": 8})
+    for r in out.results:
+        assert r.token_ids == reference[r.group_index].token_ids, r.request_id
+    assert out.report.spec_accepted > 0
+    assert out.report.spec_accepted == sum(s.accepted for s in specs)

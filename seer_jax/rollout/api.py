@@ -51,6 +51,8 @@ def default_config() -> ml_collections.ConfigDict:
     c.engine = ml_collections.ConfigDict(dict(
         page_size=16, num_pages=0, kv_memory_gib=1.0, max_num_seqs=32,
         max_num_batched_tokens=256, max_prefill_seqs=4))
+    c.speculation = False  # grouped speculative decoding (one shared group draft service)
+    c.spec_profile = ""  # step-time profile JSON from `seer-jax bench --profile` ("" = cost model)
     c.trace_out = ""  # write a JSONL length trace (for `seer-jax simulate`)
     return c
 
@@ -139,9 +141,19 @@ def run_rollout(c: ml_collections.ConfigDict,
                 raise ConfigError("oracle_lfs needs true lengths: list another policy before it in config.compare")
             oracle = {r.request_id: len(r.token_ids) for r in first.results}
         pool = HostKVPool()
+        speculators = None
+        if c.speculation:
+            from seer_jax.rollout.drafting.budget import SpeculationBudget
+            from seer_jax.rollout.drafting.service import InProcessDraftService
+            from seer_jax.rollout.speculation import Speculator
+
+            service = InProcessDraftService()
+            speculators = [Speculator(service, SpeculationBudget.from_profile_json(c.spec_profile or None))
+                           for _ in range(c.num_instances)]
         instances = make_engine_instances(cfg, params, num_instances=c.num_instances, tp=c.tp,
-                                          engine_config=engine_cfg, pool=pool, eos_ids=eos,
-                                          step_time=step_time)
+                                          engine_config=dataclasses.replace(engine_cfg, speculation=c.speculation),
+                                          pool=pool, eos_ids=eos, step_time=step_time,
+                                          speculators=speculators)
         outputs[policy] = rollout(
             prompts, group_size=c.group_size, max_tokens=c.max_tokens, instances=instances,
             sampling=sampling, policy=policy, pool=pool, clock=c.clock,

@@ -76,7 +76,7 @@ class EngineInstance:
         context = len(chunk.prompt_ids) + len(chunk.output_ids)
         self.engine.add_request(chunk.request_id, list(chunk.prompt_ids), chunk.max_new_tokens,
                                 chunk.sampling, output_ids=list(chunk.output_ids), kv=blob,
-                                keep_kv=True)
+                                keep_kv=True, group_id=chunk.group_id, priority=chunk.priority)
         self._chunks[chunk.request_id] = (chunk, self._now, None)
         self._imported[chunk.request_id] = imported
         self._reprefill[chunk.request_id] = 0 if blob is not None or not chunk.output_ids else context
@@ -155,6 +155,7 @@ class EngineInstance:
             submitted_at=submitted, started_at=self._started.pop(out.request_id, step_start),
             ended_at=self._now, num_steps=out.metrics.num_steps,
             preemptions=out.metrics.num_preemptions,
+            spec_proposed=out.metrics.spec_proposed, spec_accepted=out.metrics.spec_accepted,
             kv_bytes_imported=self._imported.pop(out.request_id, 0), kv_bytes_exported=exported,
             reprefill_tokens=self._reprefill.pop(out.request_id, 0),
             first_token_at=self._first_token.pop(out.request_id, self._now),
@@ -164,12 +165,16 @@ class EngineInstance:
 def make_engine_instances(cfg: ModelConfig, params: Params, *, num_instances: int, tp: int,
                           engine_config: EngineConfig, pool: KVPool,
                           devices: Sequence | None = None, step_time: StepTimeFn | None = None,
-                          eos_ids: tuple[int, ...] | None = None) -> list[EngineInstance]:
-    """One engine per mesh slice of tp devices (params and KV cache placed on that slice)."""
+                          eos_ids: tuple[int, ...] | None = None,
+                          speculators: Sequence | None = None) -> list[EngineInstance]:
+    """One engine per mesh slice of tp devices (params and KV cache placed on that slice).
+    speculators: one `Speculator` per instance (sharing one draft service = the paper's grouped
+    draft server) when engine_config.speculation is on."""
     slices = slice_devices(num_instances, tp, devices)
     out = []
     for i, devs in enumerate(slices):
         mesh = Mesh(np.array(devs), ("tp",))
-        engine = Engine(cfg, params, engine_config, mesh=mesh, eos_ids=eos_ids)
+        engine = Engine(cfg, params, engine_config, mesh=mesh, eos_ids=eos_ids,
+                        speculator=speculators[i] if speculators else None)
         out.append(EngineInstance(i, engine, pool, step_time))
     return out
