@@ -15,7 +15,7 @@ $(VENV)/.installed-base: pyproject.toml
 $(VENV)/.installed-test: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
-	$(PIP) install -q -e '.[test,ref]'
+	$(PIP) install -q -e '.[test,ref,tunix]'
 	touch $@ $(VENV)/.installed-base
 
 venv: $(VENV)/.installed-base

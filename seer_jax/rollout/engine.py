@@ -625,6 +625,11 @@ class Engine:
         raise SeerError(f"engine did not finish within {max_steps} steps")
 
     def update_params(self, params: Params) -> None:
+        """New weights (e.g. after a trainer step). Cached prompt KV was computed with the old
+        weights, so the prefix cache is dropped; refused while requests are in flight."""
+        if self.seqs:
+            raise SeerError(f"update_params with {len(self.seqs)} requests in flight; finish or abort them first")
+        self.blocks.clear_prefix_cache()
         self.runner.set_params(params)
 
     def kv_usage(self) -> tuple[int, int]:
