@@ -15,8 +15,6 @@ import math
 from collections.abc import Iterable, Sequence
 from typing import Literal
 
-import numpy as np
-
 from seer_jax.errors import ConfigError, InputError
 from seer_jax.rollout.drafting.draft import Draft, build_draft
 from seer_jax.rollout.drafting.suffix_automaton import SuffixAutomaton
@@ -229,6 +227,3 @@ class GroupDraftContext:
             return self._sam.num_states
         return sum(s.num_states for s in self._own.values())
 
-
-def as_int32(tokens: Iterable[int]) -> np.ndarray:
-    return np.asarray(list(tokens) if not isinstance(tokens, np.ndarray) else tokens, np.int32)
