@@ -18,7 +18,7 @@ $(VENV)/.installed-test: pyproject.toml
 	$(PIP) install -q -e '.[test,ref,tunix]'
 	# google-tunix 0.1.7 pins safetensors<0.8, which holds transformers at 5.12, whose GGUF
 	# tokenizer conversion differs; the reference checks need transformers >= 5.24 (tunix runs fine with it)
-	$(PIP) install -q 'transformers>=5.24' 'safetensors>=0.8' 2>&1 | grep -v "dependency resolver\|requires safetensors" || true
+	$(PIP) install -q 'transformers>=5.24' 'safetensors>=0.8'
 	touch $@ $(VENV)/.installed-base
 
 venv: $(VENV)/.installed-base
