@@ -44,10 +44,11 @@ from seer_jax.rollout.drafting.synthetic import synthetic_groups
 
 
 def generate_rollouts(mix: str, num_groups: int, group_size: int, max_tokens: int, seed: int):
-    """Sample G responses per prompt with SmolLM2 (reference generator, temperature 1.0)."""
+    """Sample G responses per prompt with SmolLM2 on the paged engine (temperature 1.0; the same
+    tokens as the reference generator with these seeds, but it stops at EOS)."""
     from seer_jax.model import load
-    from seer_jax.model.generate import generate
     from seer_jax.rollout.drafting.replay import GroupRollout
+    from seer_jax.rollout.engine import Engine, EngineConfig
     from seer_jax.rollout.prompts import prompt_set
     from seer_jax.rollout.types import SamplingParams
 
@@ -58,7 +59,11 @@ def generate_rollouts(mix: str, num_groups: int, group_size: int, max_tokens: in
     sampling = [SamplingParams(temperature=1.0, seed=seed * 1_000_003 + i) for i in range(len(flat))]
     eos = tuple(cfg.eos_token_ids) or ((tok.eos_id,) if tok.eos_id is not None else ())
     t0 = time.perf_counter()
-    gens = generate(params, cfg, flat, max_tokens, sampling, eos_ids=eos)
+    engine = Engine(cfg, params, EngineConfig(kv_memory_gib=2.0, max_num_seqs=64), eos_ids=eos)
+    for i, (p, sp) in enumerate(zip(flat, sampling, strict=True)):
+        engine.add_request(str(i), p, max_tokens, sp)
+    done = engine.run_until_done()
+    gens = [done[str(i)] for i in range(len(flat))]
     print(f"generated {len(gens)} responses in {time.perf_counter() - t0:.0f}s", flush=True)
     groups = []
     for g, p in enumerate(prompts):
