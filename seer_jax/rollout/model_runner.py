@@ -27,7 +27,7 @@ from seer_jax.model.sharding import ShardingRules, shard_params
 from seer_jax.pallas import ragged_paged_attention
 from seer_jax.pallas.acceptance import accept_draft_tree
 from seer_jax.pallas.checks import resolve_impl
-from seer_jax.rollout.cpu_attention import paged_decode_attention
+from seer_jax.rollout.cpu_attention import gather_pages, paged_decode_attention
 from seer_jax.rollout.sampling import request_keys, sample_tokens, top_logprobs
 
 TRACE_COUNTS: dict[str, int] = {"step": 0}
@@ -85,18 +85,32 @@ def _paged_attention(cache, meta, layer, q, k, v, *, layout: Layout, impl: str):
     v_all = v_all.at[layer, :, pg, off].set(v.astype(v_all.dtype), mode="drop")
     outs = []
     split = layout.n_dec * layout.q_dec
+    reference = resolve_impl(impl) == "reference"
+
+    def pool(page_table):
+        """(k_pages, v_pages, page_table) for one region. For the jnp reference, only the
+        region's pages are gathered (slicing the layer out of the cache would copy its whole
+        page pool, on every layer of every step)."""
+        if not reference:
+            return k_all[layer], v_all[layer], page_table
+        flat = page_table.reshape(-1)
+        table = jnp.arange(flat.shape[0], dtype=jnp.int32).reshape(page_table.shape)
+        return gather_pages(k_all, flat, layer), gather_pages(v_all, flat, layer), table
+
     if layout.n_dec and uses_cpu_decode(impl, layout) and meta.get("dec_parents") is None:
         outs.append(paged_decode_attention(
-            q[:split], k_all[layer], v_all[layer], meta["dec_kv_lens"], meta["dec_pages"],
-            meta["dec_num"]))
+            q[:split], k_all, v_all, meta["dec_kv_lens"], meta["dec_pages"], meta["dec_num"],
+            layer=layer))
     elif layout.n_dec:
+        kp, vp, table = pool(meta["dec_pages"])
         outs.append(ragged_paged_attention(
-            q[:split], k_all[layer], v_all[layer], meta["dec_kv_lens"], meta["dec_pages"],
+            q[:split], kp, vp, meta["dec_kv_lens"], table,
             meta["dec_cu"], meta["dec_num"], tree_parents=meta.get("dec_parents"),
             max_q_len=layout.q_dec, impl=impl))
     if layout.n_pre:
+        kp, vp, table = pool(meta["pre_pages"])
         outs.append(ragged_paged_attention(
-            q[split:], k_all[layer], v_all[layer], meta["pre_kv_lens"], meta["pre_pages"],
+            q[split:], kp, vp, meta["pre_kv_lens"], table,
             meta["pre_cu"], meta["pre_num"], max_q_len=layout.t_pre, impl=impl))
     out = outs[0] if len(outs) == 1 else jnp.concatenate(outs, axis=0)
     return out, (k_all, v_all)
