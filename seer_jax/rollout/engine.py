@@ -23,7 +23,7 @@ from seer_jax.errors import ConfigError, InputError, SeerError
 from seer_jax.model.config import ModelConfig
 from seer_jax.model.llama import Params
 from seer_jax.rollout.block_manager import BlockManager, OutOfPages
-from seer_jax.rollout.model_runner import Layout, ModelRunner, bucket
+from seer_jax.rollout.model_runner import Layout, ModelRunner, bucket, fine_bucket, uses_cpu_decode
 from seer_jax.rollout.types import SamplingParams
 
 
@@ -519,6 +519,12 @@ class Engine:
             t_pre=bucket(sum(n for _, n in prefill), 16, cfgc.max_num_batched_tokens) if prefill else 0,
             pps=bucket(max_pages, 4, self.max_pps),
         )
+        if not prefill and uses_cpu_decode(self.runner.impl, layout):
+            # Decode-only steps on the CPU path: its cost follows the live lengths, not the table
+            # width, so one full-width table and finer batch buckets (less padding as the batch
+            # shrinks) keep the number of compiled variants small.
+            layout = dataclasses.replace(
+                layout, n_dec=fine_bucket(len(decode), 8, cfgc.max_num_seqs), pps=self.max_pps)
         N, R = layout.num_tokens, layout.num_rows
         tokens = np.zeros(N, np.int32)
         positions = np.zeros(N, np.int32)

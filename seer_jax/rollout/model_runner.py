@@ -59,12 +59,11 @@ def bucket(n: int, minimum: int, maximum: int | None = None) -> int:
 
 
 def fine_bucket(n: int, minimum: int, maximum: int | None = None) -> int:
-    """Like `bucket` but with 4 sizes per octave above 4*minimum (8, 16, 24, 32, 40, 48, 56, 64,
-    80, 96, ... for minimum 8): less padding for a slowly shrinking decode batch, at the price of
-    a few more compiled variants."""
+    """Like `bucket` but about 4 sizes per octave (8, 16, 24, ..., 64, 80, 96, 120, 144, ... for
+    minimum 8): less padding for a slowly shrinking decode batch, for a few more compiles."""
     b = minimum
     while b < n:
-        b += max(minimum, b // 4)
+        b += minimum * max(1, b // (4 * minimum))
     return b if maximum is None else min(b, max(maximum, n))
 
 
