@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import time
 
 import jax
 import jax.numpy as jnp
@@ -31,6 +32,7 @@ from seer_jax.rollout.cpu_attention import gather_pages, paged_decode_attention
 from seer_jax.rollout.sampling import request_keys, sample_tokens, top_logprobs
 
 TRACE_COUNTS: dict[str, int] = {"step": 0}
+_EXECUTABLES: dict[tuple, object] = {}  # compiled steps by (function, static args, shapes, sharding)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -190,6 +192,7 @@ class ModelRunner:
         self.num_pages = num_pages
         self.mesh = mesh
         self.impl = attention_impl
+        self.compile_s = 0.0  # time spent compiling new step shapes
         self.rules = rules
         self.set_params(params)
         shape = (cfg.num_layers, cfg.num_kv_heads, num_pages, page_size, cfg.head_dim)
@@ -206,11 +209,26 @@ class ModelRunner:
     def set_params(self, params: Params) -> None:
         self.params = shard_params(params, self.mesh, self.rules) if self.mesh is not None else params
 
+    def _executable(self, fn, dev: dict, **static):
+        """The compiled step for these shapes: compiled ahead of time on first use (its time
+        goes to `compile_s`, not to the step), shared by every runner with the same shapes and
+        shardings."""
+        key = (fn.__name__, tuple(sorted(static.items())), tuple(sorted((k, v.shape) for k, v in dev.items())),
+               self.k_all.shape, str(self.k_all.dtype), str(self.k_all.sharding),
+               tuple(sorted(d.id for d in self.k_all.sharding.device_set)))
+        exe = _EXECUTABLES.get(key)
+        if exe is None:
+            t0 = time.perf_counter()
+            exe = fn.lower(self.params, self.k_all, self.v_all, dev, **static).compile()
+            self.compile_s += time.perf_counter() - t0
+            _EXECUTABLES[key] = exe
+        return exe
+
     def sample(self, layout: Layout, batch: dict[str, np.ndarray], num_top: int = 0):
         dev = {k: jnp.asarray(v) for k, v in batch.items()}
-        self.k_all, self.v_all, toks, lps, top = _sample_step(
-            self.params, self.k_all, self.v_all, dev, cfg=self.cfg, layout=layout,
-            impl=self.impl, num_top=num_top)
+        exe = self._executable(_sample_step, dev, cfg=self.cfg, layout=layout, impl=self.impl,
+                               num_top=num_top)
+        self.k_all, self.v_all, toks, lps, top = exe(self.params, self.k_all, self.v_all, dev)
         toks, lps = np.asarray(toks), np.asarray(lps)
         if top is not None:
             top = (np.asarray(top[0]), np.asarray(top[1]))
@@ -220,8 +238,8 @@ class ModelRunner:
         """Run a speculative step; returns host arrays (tokens [n_dec, q], logprobs [n_dec, q],
         num_accepted [n_dec], accepted_nodes [n_dec, q-1]) and the prefill (tokens, logprobs)."""
         dev = {k: jnp.asarray(v) for k, v in batch.items()}
-        self.k_all, self.v_all, res, pre = _verify_step(
-            self.params, self.k_all, self.v_all, dev, cfg=self.cfg, layout=layout, impl=self.impl)
+        exe = self._executable(_verify_step, dev, cfg=self.cfg, layout=layout, impl=self.impl)
+        self.k_all, self.v_all, res, pre = exe(self.params, self.k_all, self.v_all, dev)
         out = (np.asarray(res.tokens), np.asarray(res.logprobs), np.asarray(res.num_accepted),
                np.asarray(res.accepted_nodes))
         return out, (None if pre is None else (np.asarray(pre[0]), np.asarray(pre[1])))
