@@ -100,30 +100,12 @@ class Workload:
 
 
 def length_icc(lengths: Sequence[float], groups: Sequence, log: bool = True) -> float:
-    """One-way random-effects ICC(1) of lengths grouped by prompt (one-way ANOVA).
+    """One-way ANOVA ICC(1) of lengths grouped by prompt (`seer_jax.rollout.report.length_icc`),
+    0.0 where it is undefined (fewer than 2 groups, no replication, no spread)."""
+    from seer_jax.rollout.report import length_icc as report_icc
 
-    ICC = (MSB − MSW) / (MSB + (k0 − 1)·MSW), k0 the ANOVA mean group size for unequal groups.
-    On log lengths by default. Returns 0.0 when undefined (fewer than 2 groups, or no spread)."""
-    x = np.asarray(lengths, dtype=np.float64)
-    if log:
-        x = np.log(np.maximum(x, 1.0))
-    _, gidx = np.unique(np.asarray(groups), return_inverse=True)
-    num_groups = int(gidx.max()) + 1 if len(gidx) else 0
-    n = len(x)
-    if num_groups < 2 or n <= num_groups:
-        return 0.0
-    counts = np.bincount(gidx, minlength=num_groups).astype(np.float64)
-    means = np.bincount(gidx, weights=x, minlength=num_groups) / counts
-    grand = x.mean()
-    ssb = float((counts * (means - grand) ** 2).sum())
-    ssw = float(((x - means[gidx]) ** 2).sum())
-    msb = ssb / (num_groups - 1)
-    msw = ssw / (n - num_groups)
-    k0 = (n - (counts**2).sum() / n) / (num_groups - 1)
-    denom = msb + (k0 - 1.0) * msw
-    if denom <= 0:
-        return 0.0
-    return float((msb - msw) / denom)
+    icc = report_icc(lengths, groups, log)
+    return 0.0 if icc is None else icc
 
 
 # ----------------------------------------------------------------------------------------------
