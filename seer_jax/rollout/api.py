@@ -57,6 +57,23 @@ def default_config() -> ml_collections.ConfigDict:
     return c
 
 
+def bench_config(mix: str) -> ml_collections.ConfigDict:
+    """The rollout benchmark (issue scale): 32 prompts x G=8, 512 tokens, 4 instances, all policies."""
+    c = default_config()
+    c.prompts = mix
+    c.num_prompts = 32
+    c.group_size = 8
+    c.max_tokens = 512
+    c.temperature = 1.0
+    c.num_instances = 4
+    c.tp = 1
+    c.chunk_size = 128
+    c.compare = "group_round_robin,request_fcfs,seer,oracle_lfs"
+    c.engine.max_num_seqs = 64
+    c.engine.kv_memory_gib = 1.0
+    return c
+
+
 def validate_config(c: ml_collections.ConfigDict) -> list[str]:
     """Check a rollout config; returns the list of policies to run."""
     def bad(key, value, allowed):

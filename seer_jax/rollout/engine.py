@@ -241,20 +241,20 @@ class Engine:
         if seq.swapped is not None:
             blob = seq.swapped
         else:
-            k, v = self.runner.read_kv(seq.pages, seq.num_computed)
-            blob = KVBlob(list(seq.prompt), list(seq.output), k, v)
+            blob = self._kv_blob(seq)
         if release:
             self.abort(request_id)
         return blob
 
     # ------------------------------------------------------------------ scheduling
+    def _kv_blob(self, seq: _Seq) -> KVBlob:
+        """Host copy of the K/V of seq's computed positions, with its tokens."""
+        k, v = self.runner.read_kv(seq.pages, seq.num_computed)
+        return KVBlob(list(seq.prompt), list(seq.output), k, v)
+
     def _preempt(self, seq: _Seq) -> None:
         self.running.remove(seq)
-        if self.config.preemption == "swap" and seq.num_computed:
-            k, v = self.runner.read_kv(seq.pages, seq.num_computed)
-            seq.swapped = KVBlob(list(seq.prompt), list(seq.output), k, v)
-        self.blocks.release(seq.pages)
-        seq.pages, seq.num_computed = [], 0
+        self._unadmit(seq)
         seq.metrics.num_preemptions += 1
         self.num_preemptions += 1
         self.waiting.appendleft(seq)
@@ -360,9 +360,9 @@ class Engine:
         return decode, prefill
 
     def _unadmit(self, seq: _Seq) -> None:
+        """Give back seq's pages (swapping its KV to the host first in swap mode)."""
         if seq.num_computed and self.config.preemption == "swap":
-            k, v = self.runner.read_kv(seq.pages, seq.num_computed)
-            seq.swapped = KVBlob(list(seq.prompt), list(seq.output), k, v)
+            seq.swapped = self._kv_blob(seq)
         self.blocks.release(seq.pages)
         seq.pages, seq.num_computed = [], 0
 
@@ -490,8 +490,7 @@ class Engine:
         seq.metrics.finish_time = self.clock()
         kv = None
         if seq.keep_kv and reason == "length":
-            k, v = self.runner.read_kv(seq.pages, seq.num_computed)
-            kv = KVBlob(list(seq.prompt), list(seq.output), k, v)
+            kv = self._kv_blob(seq)
         self.running.remove(seq)
         del self.seqs[seq.request_id]
         self.blocks.release(seq.pages)

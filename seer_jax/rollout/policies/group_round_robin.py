@@ -9,20 +9,10 @@ keeps the buffer first-come-first-served (it matters only after an instance is l
 
 from __future__ import annotations
 
-from seer_jax.rollout.policies.base import LazyHeap, Policy, RequestState
+from seer_jax.rollout.policies.request_fcfs import RequestFCFSPolicy
 
 
-class GroupRoundRobinPolicy(Policy):
+class GroupRoundRobinPolicy(RequestFCFSPolicy):
     name = "group_round_robin"
     divided = False
     kv_admission = False
-
-    def __init__(self) -> None:
-        super().__init__()
-        self._heap = LazyHeap()
-
-    def _push(self, req: RequestState) -> None:
-        self._heap.push((req.enqueue_seq,), req)
-
-    def _pop(self) -> RequestState | None:
-        return self._heap.peek(lambda r, t, _: self._live(r, t))
