@@ -49,6 +49,10 @@ def test_greedy_policies_token_identical_on_4x_tp2(policy, reference):
         assert out.report.kv_bytes_exported > 0  # ... with their KV in the pool between chunks
         assert len({i for r in out.results for i in r.instances}) == 4
     assert all(inst.engine.blocks.num_free + inst.engine.blocks.num_evictable() == 48 for inst in instances)
+    # every executed step is logged (what calibrates the simulator to this run)
+    rows = [row for inst in instances for row in inst.step_log]
+    assert all(b >= 1 and p + d >= 1 and dt > 0 for b, p, d, _, dt in rows)
+    assert len(rows) == sum(inst.engine.step_count for inst in instances)
 
 
 def test_mesh_slicing():

@@ -144,3 +144,19 @@ def test_profile_errors(tmp_path):
     with pytest.raises(ConfigError, match="not found"):
         StepProfile.load(tmp_path / "missing.json")
     json.dumps(StepProfile.from_dict({"points": [{"batch_size": 1, "step_s": 1}]}).to_dict())
+
+
+def test_profile_from_executed_steps_keeps_mean_step_time():
+    # rows as EngineInstance.step_log records them: batch, prefill, decode, kv read, seconds
+    rows = [(4, 0, 4, 300, 0.010), (4, 0, 4, 310, 0.030),  # same bucket: mean 0.020
+            (4, 0, 4, 900, 0.040),                          # other KV bucket
+            (2, 64, 1, 100, 0.050), (8, 0, 8, 0, 0.0)]       # zero duration: skipped
+    prof = StepProfile.from_steps(rows, model="m", kv_bucket=256)
+    pts = {(p.batch_size, p.num_tokens, p.kv_tokens // 256): p for p in prof.points}
+    assert len(prof.points) == 3
+    assert pts[(4, 4, 1)].step_s == pytest.approx(0.020)
+    assert pts[(4, 4, 1)].kv_tokens == 305
+    assert pts[(2, 65, 0)].num_tokens == 65  # prefill and decode tokens of a step add up
+    assert prof.predict(4, 4, 900) > prof.predict(4, 4, 305)  # more KV read, slower
+    with pytest.raises(ConfigError, match="no executed steps"):
+        StepProfile.from_steps([(8, 0, 8, 0, 0.0)])

@@ -131,11 +131,9 @@ def test_trace_replay_and_calibrated_prediction(tmp_path):
         assert pred[p]["output_tokens"] == int(work.output_len.sum())
         assert pred[p]["tokens_per_s"] > 0 and pred[p]["makespan_s"] > 0
     # the calibrated model predicts what the roofline it was sampled from gives (within 10%)
-    c = sim.calibrated_config(str(trace), str(prof), num_instances=2, kv_capacity_tokens=20000,
-                              chunk_size=256)
-    c.cluster.profile_path = ""
-    c.cluster.accelerator = "h100"
-    c.cluster.chips_per_instance = 1
+    c = sim.calibrated_config(str(trace), None, num_instances=2, kv_capacity_tokens=20000,
+                              chunk_size=256, accelerator="h100", chips_per_instance=1)
+    assert c.cluster.profile_path == "" and c.cluster.kv_capacity_tokens == 20000
     roof_run = sim.simulate(c, "seer")
     assert pred["seer"]["makespan_s"] == pytest.approx(roof_run.report.makespan_s, rel=0.10)
 

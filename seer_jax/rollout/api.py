@@ -111,6 +111,10 @@ class RolloutRun:
     prompts: list[list[int]]
     outputs: dict  # policy -> controller.RolloutOutput
     summary: dict
+    # policy -> every executed engine step (batch, prefill tokens, decode tokens, KV tokens read,
+    # duration s), over all instances; and the KV capacity of one instance in tokens
+    step_logs: dict = dataclasses.field(default_factory=dict)
+    kv_capacity_tokens: int = 0
 
 
 def build_prompts(c, tokenizer) -> tuple[list[list[int]], list[str]]:
@@ -150,6 +154,8 @@ def run_rollout(c: ml_collections.ConfigDict,
         step_time = RooflineCostModel(model=get_model(c.cost_model), accelerator=get_accelerator(c.accelerator),
                                       chips=c.chips_per_instance, page_size=engine_cfg.page_size)
     outputs = {}
+    step_logs = {}
+    kv_capacity = 0
     oracle = None
     for policy in policies:
         if policy == "oracle_lfs" and oracle is None:
@@ -177,13 +183,16 @@ def run_rollout(c: ml_collections.ConfigDict,
             config={"chunk_size": c.chunk_size, "balance_threshold": c.balance_threshold},
             oracle_lengths=oracle if policy == "oracle_lfs" else None,
             progress=progress(policy) if progress else None, detokenize=tok.decode)
+        step_logs[policy] = [row for inst in instances for row in inst.step_log]
+        load = instances[0].load()
+        kv_capacity = load.total_kv_pages * load.page_size
     reports = {p: o.report for p, o in outputs.items()}
     baseline = "group_round_robin" if "group_round_robin" in reports else policies[0]
     summary = {"policies": compare_summary(reports, baseline), "baseline": baseline,
                "num_responses": len(prompts) * c.group_size, "model": c.model}
     if c.trace_out:
         write_trace(c.trace_out, next(iter(outputs.values())).results)
-    return RolloutRun(prompts, outputs, summary)
+    return RolloutRun(prompts, outputs, summary, step_logs, kv_capacity)
 
 
 def write_trace(path: str | pathlib.Path, results) -> None:

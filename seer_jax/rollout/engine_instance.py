@@ -57,6 +57,9 @@ class EngineInstance:
         self._imported: dict[str, int] = {}
         self._reprefill: dict[str, int] = {}
         self._prompts: dict[str, tuple[int, ...]] = {}
+        # one row per executed step: batch size, prefill tokens, decode tokens, KV tokens read,
+        # duration (s) on this instance's clock (what calibrates the simulator to this run)
+        self.step_log: list[tuple[int, int, int, int, float]] = []
 
     def now(self) -> float:
         return self._now
@@ -118,6 +121,8 @@ class EngineInstance:
             duration = self.step_time(stats.batch_size, stats.num_prefill_tokens,
                                       stats.num_decode_tokens, stats.kv_tokens)
         self._now = start + duration
+        self.step_log.append((stats.batch_size, stats.num_prefill_tokens, stats.num_decode_tokens,
+                              stats.kv_tokens, duration))
         for s in self.engine.running:
             if s.request_id not in running_before:
                 self._started.setdefault(s.request_id, start)

@@ -406,6 +406,31 @@ class StepProfile:
             raise ConfigError(f"step profile {path} is not valid JSON: {e}") from None
         return cls.from_dict(d)
 
+    @classmethod
+    def from_steps(cls, steps, *, model: str = "", device: str = "", page_size: int | None = None,
+                   kv_bucket: int = 256) -> StepProfile:
+        """A profile from the steps an engine actually executed: rows of (batch_size,
+        num_prefill_tokens, num_decode_tokens, kv_tokens_read, step_s) as
+        `EngineInstance.step_log` records them. Steps with the same batch size, token count and
+        KV bucket (`kv_bucket` tokens) become one point at their mean time (the mean, not the
+        median: a rollout's makespan is a sum of step times, so occasional slow steps count)."""
+        groups: dict[tuple[int, int, int], list[tuple[int, float]]] = {}
+        for row in steps:
+            b, n_pre, n_dec, kv, dt = row
+            n = int(n_pre) + int(n_dec)
+            if n < 1 or not dt > 0:
+                continue
+            groups.setdefault((int(b), n, int(kv) // kv_bucket), []).append((int(kv), float(dt)))
+        if not groups:
+            raise ConfigError("no executed steps to build a step profile from")
+        pts = [
+            ProfilePoint(batch_size=b, gamma=0, num_tokens=n,
+                         kv_tokens=int(np.median([kv for kv, _ in rows])),
+                         step_s=float(np.mean([dt for _, dt in rows])))
+            for (b, n, _), rows in sorted(groups.items())
+        ]
+        return cls(pts, model=model, device=device, page_size=page_size)
+
     def to_dict(self) -> dict:
         out = {"schema": PROFILE_SCHEMA, "model": self.model, "device": self.device,
                "points": [dataclasses.asdict(p) for p in self.points]}

@@ -641,7 +641,7 @@ def write_plots(runs: dict[str, SimRun], out_dir, title: str = "") -> list:
 
 def calibrated_config(
     trace_path: str,
-    profile_path: str,
+    profile_path: str | None,
     *,
     num_instances: int,
     kv_capacity_tokens: int,
@@ -653,16 +653,23 @@ def calibrated_config(
     balance_threshold: int = 32,
     max_tokens: int = 0,
     pool_gbps: float = 20.0,
+    accelerator: str = "h100",
+    chips_per_instance: int = 1,
 ) -> ml_collections.ConfigDict:
     """A config that replays a rollout trace (JSONL written by `seer-jax rollout`) on instances
-    whose step time comes from a measured profile (`seer-jax bench --profile`)."""
+    whose step time comes from a measured profile (`seer-jax bench --profile`, or
+    `StepProfile.from_steps` over an emulated run's executed steps). `profile_path=None`: the
+    roofline of `model` on `accelerator` x `chips_per_instance` instead (what an emulated run
+    with `time_model="roofline"` is timed by)."""
     c = default_config()
     c.name = f"calibrated:{trace_path}"
     c.workload.trace_path = str(trace_path)
     c.workload.max_tokens = int(max_tokens or wl.load_trace(trace_path).max_tokens)
     c.cluster.num_instances = int(num_instances)
     c.cluster.model = model
-    c.cluster.profile_path = str(profile_path)
+    c.cluster.profile_path = str(profile_path) if profile_path else ""
+    c.cluster.accelerator = accelerator
+    c.cluster.chips_per_instance = int(chips_per_instance)
     c.cluster.kv_capacity_tokens = int(kv_capacity_tokens)
     c.cluster.page_size = int(page_size)
     c.cluster.max_batch_size = int(max_batch_size)
@@ -675,7 +682,7 @@ def calibrated_config(
     return c
 
 
-def predict_from_trace(trace_path: str, profile_path: str, policies: list[str] | None = None,
+def predict_from_trace(trace_path: str, profile_path: str | None, policies: list[str] | None = None,
                        **kw) -> dict[str, dict]:
     """Calibrate from a trace + step profile and predict per policy tokens_per_s, makespan_s,
     tail_s (the cross-check against an emulated run). kw: see `calibrated_config`."""
