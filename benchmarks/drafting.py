@@ -5,9 +5,12 @@
     against the recorded continuation (tree: longest matching root-to-node path). Reports mean
     accepted draft tokens per speculation (a step with a non-empty draft) and per step (including
     the bonus token) for:
-      per_request      our suffix automaton over the request's prompt + own output
-      group            our group context (prompt + every sibling), chains of ≤ γ tokens
-      group_multipath  the group context, trees (top-k at forks, node budget)
+      per_request      our suffix automaton over the request's prompt + own output, chains of ≤ γ
+      per_request_multipath  the same context, trees (top-k at forks, node budget)
+      group            our group context (prompt + every sibling; with own_context also the
+                       request's own automaton), chains of ≤ γ tokens
+      group_multipath  the group context, trees
+    Both modes get the same drafting knobs (--min-prob, --prior, --match-candidates, ...).
       arctic_per_request / arctic   arctic-inference's SuffixDecodingCache (own context /
                        siblings' active responses added), when importable.
 (b) Modelled tail: the last quarter of every response, all requests of all groups in one batch
@@ -43,7 +46,8 @@ from seer_jax.rollout.drafting.replay import (
 from seer_jax.rollout.drafting.synthetic import synthetic_groups
 
 
-def generate_rollouts(mix: str, num_groups: int, group_size: int, max_tokens: int, seed: int):
+def generate_rollouts(mix: str, num_groups: int, group_size: int, max_tokens: int, seed: int,
+                      kv_memory_gib: float = 0.5):
     """Sample G responses per prompt with SmolLM2 on the paged engine (temperature 1.0; the same
     tokens as the reference generator with these seeds, but it stops at EOS)."""
     from seer_jax.model import load
@@ -59,7 +63,7 @@ def generate_rollouts(mix: str, num_groups: int, group_size: int, max_tokens: in
     sampling = [SamplingParams(temperature=1.0, seed=seed * 1_000_003 + i) for i in range(len(flat))]
     eos = tuple(cfg.eos_token_ids) or ((tok.eos_id,) if tok.eos_id is not None else ())
     t0 = time.perf_counter()
-    engine = Engine(cfg, params, EngineConfig(kv_memory_gib=2.0, max_num_seqs=64), eos_ids=eos)
+    engine = Engine(cfg, params, EngineConfig(kv_memory_gib=kv_memory_gib, max_num_seqs=64), eos_ids=eos)
     for i, (p, sp) in enumerate(zip(flat, sampling, strict=True)):
         engine.add_request(str(i), p, max_tokens, sp)
     done = engine.run_until_done()
@@ -72,14 +76,23 @@ def generate_rollouts(mix: str, num_groups: int, group_size: int, max_tokens: in
     return groups
 
 
+def draft_config(args, mode: str = "group") -> DraftConfig:
+    """The drafting knobs of the command line; per-request mode gets the same ones (own_context
+    only means something in group mode: per-request mode drafts from its own text alone)."""
+    return DraftConfig(mode=mode, max_match_len=args.max_match_len, min_prob=args.min_prob,
+                       max_spec_factor=args.max_spec_factor, match_candidates=args.match_candidates,
+                       prior=args.prior, own_context=args.own_context, merge_trees=args.merge_trees)
+
+
 def run_modes(groups, args) -> dict[str, dict]:
-    cfg = DraftConfig(max_match_len=args.max_match_len, min_prob=args.min_prob,
-                      max_spec_factor=args.max_spec_factor)
+    per = draft_config(args, "per_request")
+    grp = draft_config(args, "group")
     modes = {
-        "per_request": OursDrafter.factory(
-            DraftConfig(**{**cfg.__dict__, "mode": "per_request"}), args.gamma, args.gamma),
-        "group": OursDrafter.factory(cfg, args.gamma, args.gamma),
-        "group_multipath": OursDrafter.factory(cfg, args.tree_nodes, args.gamma, args.tree_width),
+        "per_request": OursDrafter.factory(per, args.gamma, args.gamma),
+        "per_request_multipath": OursDrafter.factory(per, args.tree_nodes, args.gamma,
+                                                     args.tree_width),
+        "group": OursDrafter.factory(grp, args.gamma, args.gamma),
+        "group_multipath": OursDrafter.factory(grp, args.tree_nodes, args.gamma, args.tree_width),
     }
     if not args.no_arctic and ArcticDrafter.available():
         kw = dict(max_spec_tokens=args.gamma, min_token_prob=args.min_prob,
@@ -94,10 +107,10 @@ def run_modes(groups, args) -> dict[str, dict]:
 
 def print_table(title: str, res: dict[str, dict]) -> None:
     print(f"\n[{title}]")
-    print(f"{'mode':<20} {'acc/spec':>9} {'acc/step':>9} {'draft/spec':>10} {'accept%':>8} "
+    print(f"{'mode':<22} {'acc/spec':>9} {'acc/step':>9} {'draft/spec':>10} {'accept%':>8} "
           f"{'spec%':>6} {'tail acc/step':>13} {'us/spec':>8}")
     for name, s in res.items():
-        print(f"{name:<20} {s['accepted_per_spec']:>9.3f} {s['accepted_per_step']:>9.3f} "
+        print(f"{name:<22} {s['accepted_per_spec']:>9.3f} {s['accepted_per_step']:>9.3f} "
               f"{s['draft_tokens_per_spec']:>10.2f} {100 * s['acceptance_rate']:>7.1f}% "
               f"{100 * s['spec_fraction']:>5.1f}% {s['accepted_per_step_by_quarter'][3]:>13.3f} "
               f"{s['us_per_speculate']:>8.1f}")
@@ -114,11 +127,21 @@ def main(argv=None) -> int:
     ap.add_argument("--num-groups", type=int, default=16)
     ap.add_argument("--group-size", type=int, default=8)
     ap.add_argument("--response-len", type=int, default=256)
+    ap.add_argument("--kv-memory-gib", type=float, default=0.5, help="--generate: engine KV pool")
     ap.add_argument("--gamma", type=int, default=8, help="max draft length (chains, tree depth)")
     ap.add_argument("--tree-nodes", type=int, default=16)
     ap.add_argument("--tree-width", type=int, default=4)
-    ap.add_argument("--min-prob", type=float, default=0.1)
     ap.add_argument("--max-match-len", type=int, default=64)
+    d = DraftConfig()
+    ap.add_argument("--min-prob", type=float, default=d.min_prob)
+    ap.add_argument("--match-candidates", type=int, default=d.match_candidates,
+                    help="ours: draft from this many match lengths (best score / merged trees)")
+    ap.add_argument("--prior", type=float, default=d.prior,
+                    help="ours: pseudo-count in each step's probability count / (total + prior)")
+    ap.add_argument("--own-context", action=argparse.BooleanOptionalAction, default=d.own_context,
+                    help="ours, group modes: also draft from the request's own text")
+    ap.add_argument("--merge-trees", action=argparse.BooleanOptionalAction, default=d.merge_trees,
+                    help="ours, trees: merge every candidate's tree instead of the best one")
     ap.add_argument("--max-spec-factor", type=float, default=None,
                     help="ours: cap draft depth at factor x match length (default: no cap)")
     ap.add_argument("--arctic-spec-factor", type=float, default=1.0,
@@ -138,7 +161,7 @@ def main(argv=None) -> int:
     elif args.generate:
         for mix in args.generate.split(","):
             datasets[mix] = generate_rollouts(mix, args.num_groups, args.group_size,
-                                              args.response_len, args.seed)
+                                              args.response_len, args.seed, args.kv_memory_gib)
     else:
         for mix in args.synthetic.split(","):
             datasets[f"synthetic-{mix}"] = synthetic_groups(
@@ -156,9 +179,7 @@ def main(argv=None) -> int:
     for name, groups in datasets.items():
         res = run_modes(groups, args)
         budget = SpeculationBudget.from_profile_json(args.profile, BudgetConfig(gamma_max=args.gamma))
-        tail = simulate_tail(groups, budget, DraftConfig(max_match_len=args.max_match_len,
-                                                         min_prob=args.min_prob),
-                             tail_fraction=args.tail_fraction)
+        tail = simulate_tail(groups, budget, draft_config(args), tail_fraction=args.tail_fraction)
         n_tok = sum(len(r) for g in groups for r in g.responses)
         report["datasets"][name] = {"groups": len(groups), "responses": sum(len(g.responses) for g in groups),
                                     "tokens": n_tok, "modes": res, "tail": tail}
@@ -176,17 +197,29 @@ def main(argv=None) -> int:
             "accepted_per_step": {k: v["accepted_per_step"] for k, v in m.items()},
             "tail_speedup": d["tail"]["tail_speedup"],
         }
+        # each side at its best: group chain or tree vs per-request chain or tree
         best_group = max(m["group"]["accepted_per_spec"], m["group_multipath"]["accepted_per_spec"])
-        s["best_group_accepted_per_spec_ratio_vs_per_request"] = (
-            best_group / max(m["per_request"]["accepted_per_spec"], 1e-9))
-        s["best_group_accepted_per_spec_minus_per_request"] = (
-            best_group - m["per_request"]["accepted_per_spec"])
+        best_per = max(m["per_request"]["accepted_per_spec"],
+                       m["per_request_multipath"]["accepted_per_spec"])
+        s["best_group_accepted_per_spec_ratio_vs_per_request"] = best_group / max(best_per, 1e-9)
+        s["best_group_accepted_per_spec_minus_per_request"] = best_group - best_per
+        # accepted draft tokens per step (bonus token left out), same comparison
+        drafted = {k: m[k]["accepted_per_step"] - 1.0 for k in
+                   ("per_request", "per_request_multipath", "group", "group_multipath")}
+        s["best_group_accepted_draft_per_step_ratio_vs_per_request"] = (
+            max(drafted["group"], drafted["group_multipath"])
+            / max(drafted["per_request"], drafted["per_request_multipath"], 1e-9))
         if "arctic" in m:
             s["best_group_accepted_per_spec_ratio_vs_arctic"] = (
                 best_group / max(m["arctic"]["accepted_per_spec"], 1e-9))
         return s
     report["summary"] = {**summarize(first),
                          "by_dataset": {k: summarize(v) for k, v in report["datasets"].items()}}
+    for name, s in report["summary"]["by_dataset"].items():
+        print(f"{name}: best group vs best per-request, accepted/spec "
+              f"{s['best_group_accepted_per_spec_ratio_vs_per_request']:.2f}x "
+              f"({s['best_group_accepted_per_spec_minus_per_request']:+.3f}), accepted draft "
+              f"tokens/step {s['best_group_accepted_draft_per_step_ratio_vs_per_request']:.2f}x")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(report, f, indent=1)

@@ -119,7 +119,7 @@ def test_benchmark_script_writes_summary(tmp_path):
     assert mod.main(["--rollouts", str(rollouts), "--json", str(out), "--no-arctic"]) == 0
     rep = json.loads(out.read_text())
     acc = rep["summary"]["accepted_per_spec"]
-    assert set(acc) == {"per_request", "group", "group_multipath"}
+    assert set(acc) == {"per_request", "per_request_multipath", "group", "group_multipath"}
     assert acc["group"] > acc["per_request"]
     assert rep["summary"]["tail_speedup"] > 0
     assert rep["summary"]["best_group_accepted_per_spec_ratio_vs_per_request"] > 1

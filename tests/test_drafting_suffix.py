@@ -9,6 +9,15 @@ from hypothesis import strategies as st
 
 from seer_jax.errors import ConfigError, InputError
 from seer_jax.rollout.drafting import Draft, DraftConfig, GroupDraftContext, SuffixAutomaton
+from seer_jax.rollout.drafting.draft import merge_drafts
+
+
+def plain_config(**kw) -> DraftConfig:
+    """Plain suffix drafting: the longest match only, frequency ratios, one context per mode (the
+    defaults add the request's own context, several match lengths, a prior and merged trees)."""
+    base = dict(min_prob=0.1, match_candidates=1, prior=0.0, own_context=False, merge_trees=False)
+    return DraftConfig(**{**base, **kw})
+
 
 # -- brute force -----------------------------------------------------------------------------------
 
@@ -68,7 +77,7 @@ def group_history(draw):
 
 
 def replay(prompt, g, appends, max_len, mode="group"):
-    ctx = GroupDraftContext(DraftConfig(mode=mode, max_match_len=max_len, min_prob=0.0), prompt)
+    ctx = GroupDraftContext(plain_config(mode=mode, max_match_len=max_len, min_prob=0.0), prompt)
     responses = [[] for _ in range(g)]
     for i in range(g):
         ctx.start_request(f"r{i}")
@@ -200,7 +209,7 @@ def test_siblings_text_drives_group_drafts_but_not_per_request():
     prompt = [1, 2, 3]
     sibling = [10, 11, 12, 13, 14, 15, 16, 17, 18, 19]
     for mode, expect in [("group", [13, 14, 15, 16, 17]), ("per_request", [])]:
-        ctx = GroupDraftContext(DraftConfig(mode=mode), prompt)
+        ctx = GroupDraftContext(plain_config(mode=mode), prompt)
         ctx.append("a", sibling)
         ctx.append("b", [10, 11, 12])
         d = ctx.speculate("b", max_nodes=5, max_depth=5)
@@ -212,7 +221,7 @@ def test_siblings_text_drives_group_drafts_but_not_per_request():
 
 
 def test_frequency_scoring_picks_majority_and_min_prob_stops():
-    ctx = GroupDraftContext(DraftConfig(min_prob=0.5), [7])
+    ctx = GroupDraftContext(plain_config(min_prob=0.5), [7])
     ctx.append("a", [1, 2, 3, 4])
     ctx.append("b", [1, 2, 3, 4])
     ctx.append("c", [1, 2, 5, 6])
@@ -226,7 +235,7 @@ def test_frequency_scoring_picks_majority_and_min_prob_stops():
 
 
 def test_multipath_tree_keeps_top_branches_within_budget():
-    ctx = GroupDraftContext(DraftConfig(min_prob=0.0), [0])
+    ctx = GroupDraftContext(plain_config(min_prob=0.0), [0])
     ctx.append("a", [1, 2, 3, 4])
     ctx.append("b", [1, 2, 3, 4])
     ctx.append("c", [1, 2, 5, 6])
@@ -258,7 +267,7 @@ def test_accepted_length_on_tree():
 
 
 def test_pattern_speculation_matches_request_speculation():
-    ctx = GroupDraftContext(DraftConfig(), [4, 4])
+    ctx = GroupDraftContext(plain_config(), [4, 4])
     ctx.append("a", [1, 2, 3, 1, 2, 3, 9])
     ctx.append("b", [1, 2])
     by_id = ctx.speculate("b")
@@ -267,7 +276,7 @@ def test_pattern_speculation_matches_request_speculation():
 
 
 def test_max_spec_factor_caps_depth_by_match_length():
-    ctx = GroupDraftContext(DraftConfig(max_spec_factor=1.0, min_prob=0.0))
+    ctx = GroupDraftContext(plain_config(max_spec_factor=1.0, min_prob=0.0))
     ctx.append("a", list(range(20)))
     ctx.append("b", [5, 6])
     assert len(ctx.speculate("b", max_nodes=8, max_depth=8)) == 2
@@ -288,7 +297,7 @@ def test_bad_inputs_raise_project_errors():
 
 def test_match_candidates_prefers_the_better_scoring_shorter_context():
     def make(k):
-        ctx = GroupDraftContext(DraftConfig(min_prob=0.1, match_candidates=k), [0])
+        ctx = GroupDraftContext(plain_config(min_prob=0.1, match_candidates=k), [0])
         ctx.append("a", [5, 1, 2, 9])
         ctx.append("b", [1, 2, 3, 4, 5, 6])
         ctx.append("c", [1, 2, 3, 4, 5, 6])
@@ -302,3 +311,90 @@ def test_match_candidates_prefers_the_better_scoring_shorter_context():
     np.testing.assert_allclose(best.probs, [2 / 3] * 4, rtol=1e-6)
     with pytest.raises(ConfigError, match="match_candidates"):
         DraftConfig(match_candidates=0).validate()
+
+
+def test_own_context_keeps_the_request_statistics_undiluted_by_siblings():
+    # After "1 2 3 4" the siblings wrote 8 (twice) and the request itself 9 then "6 1 2 3 4".
+    # The group context's majority is 8 (p = 2/3, then the siblings' texts end); the request's
+    # own context repeats its loop with p = 1, a higher expected accepted length.
+    def make(own: bool, mode: str = "group") -> GroupDraftContext:
+        ctx = GroupDraftContext(plain_config(mode=mode, own_context=own, min_prob=0.1), [0])
+        ctx.append("b", [1, 2, 3, 4, 8])
+        ctx.append("c", [1, 2, 3, 4, 8])
+        ctx.append("q", [1, 2, 3, 4, 9, 6, 1, 2, 3, 4])
+        return ctx
+
+    pooled = make(False).speculate("q", max_nodes=6, max_depth=6)
+    assert pooled.tokens.tolist() == [8]
+    np.testing.assert_allclose(pooled.probs, [2 / 3], rtol=1e-6)
+    own = make(True).speculate("q", max_nodes=6, max_depth=6)
+    assert own.tokens.tolist() == [9, 6, 1, 2, 3, 4]
+    assert own.probs.tolist() == [1.0] * 6
+    # the same draft as per-request mode here; the siblings still win where they know more
+    assert make(False, "per_request").speculate("q", 6, 6).tokens.tolist() == [9, 6, 1, 2, 3, 4]
+    ctx = make(True)
+    ctx.append("r", [1, 2, 3])
+    assert ctx.speculate("r", 6, 6).tokens.tolist() == [4, 8]
+    # own automata are freed with the request; the group keeps its tokens
+    n = ctx.num_tokens()
+    ctx.finish_request("q")
+    assert ctx.num_tokens() == n - (1 + 10)
+
+
+def test_prior_discounts_rarely_seen_continuations():
+    ctx = GroupDraftContext(plain_config(min_prob=0.0, prior=1.0), [0])
+    ctx.append("a", [1, 2, 3, 4])
+    ctx.append("b", [1, 2, 3, 5])
+    ctx.append("q", [7, 2])
+    d = ctx.speculate("q", max_nodes=3, max_depth=3)
+    # "2" was followed by 3 twice: 2 / (2 + 1); then "2 3" by 4 and 5 once each: 1 / (2 + 1)
+    assert d.tokens.tolist()[:2] == [3, 4] or d.tokens.tolist()[:2] == [3, 5]
+    np.testing.assert_allclose(d.probs[:2], [2 / 3, 2 / 9], rtol=1e-6)
+    # with min_prob 0.55 a continuation seen once (p = 1 / 2 with prior 1) is not drafted
+    once = GroupDraftContext(plain_config(min_prob=0.55, prior=1.0), [0])
+    once.append("a", [1, 2, 3])
+    once.append("q", [1, 2])
+    assert len(once.speculate("q")) == 0
+    plain = GroupDraftContext(plain_config(min_prob=0.55), [0])
+    plain.append("a", [1, 2, 3])
+    plain.append("q", [1, 2])
+    assert plain.speculate("q").tokens.tolist() == [3]
+    with pytest.raises(ConfigError, match="prior"):
+        DraftConfig(prior=-1.0).validate()
+
+
+def test_merge_drafts_shares_equal_paths_and_keeps_the_most_probable_nodes():
+    a = Draft.chain([3, 4, 5], [0.9, 0.6, 0.3], match_len=2)
+    b = Draft(np.array([3, 7, 8], np.int32), np.array([-1, 0, -1], np.int32),
+              np.array([0.95, 0.5, 0.2], np.float32), match_len=5)
+    m = merge_drafts([a, Draft.empty(), b], max_nodes=10)
+    m.validate()
+    paths = sorted(tuple(m.path_to(i)) for i in range(len(m)))
+    assert paths == [(3,), (3, 4), (3, 4, 5), (3, 7), (8,)]
+    assert m.match_len == 5
+    probs = {tuple(m.path_to(i)): float(m.probs[i]) for i in range(len(m))}
+    assert probs[(3,)] == pytest.approx(0.95)  # the higher of the two drafts' estimates
+    top3 = merge_drafts([a, b], max_nodes=3)
+    top3.validate()
+    assert sorted(tuple(top3.path_to(i)) for i in range(3)) == [(3,), (3, 4), (3, 7)]
+    assert merge_drafts([a], max_nodes=2).tokens.tolist() == [3, 4]
+    assert len(merge_drafts([], 4)) == 0
+
+
+def test_merge_trees_unites_own_and_group_candidates():
+    # four siblings wrote 8 after "1 2 3 4", the request 9 (group: p(9) = 1/5 < min_prob)
+    texts = [(r, [1, 2, 3, 4, 8]) for r in "bcde"] + [("q", [1, 2, 3, 4, 9, 6, 1, 2, 3, 4])]
+
+    def make(**kw) -> GroupDraftContext:
+        ctx = GroupDraftContext(plain_config(own_context=True, min_prob=0.25, **kw), [0])
+        for r, toks in texts:
+            ctx.append(r, toks)
+        return ctx
+
+    tree = make(merge_trees=True).speculate("q", max_nodes=8, max_depth=4, width=2)
+    tree.validate()
+    firsts = {int(t) for t, p in zip(tree.tokens, tree.parents, strict=True) if p < 0}
+    assert firsts == {8, 9}  # the siblings' majority and the request's own loop, side by side
+    assert tree.path_to(len(tree) - 1) == [9, 6, 1, 2]
+    best = make().speculate("q", max_nodes=8, max_depth=4, width=2)
+    assert best.tokens.tolist() == [9, 6, 1, 2]  # own loop scores 4 > 0.8

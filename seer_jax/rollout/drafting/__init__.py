@@ -23,7 +23,7 @@ from seer_jax.rollout.drafting.budget import (
     SpeculationBudget,
 )
 from seer_jax.rollout.drafting.context import DRAFT_MODES, DraftConfig, GroupDraftContext
-from seer_jax.rollout.drafting.draft import Draft, build_draft
+from seer_jax.rollout.drafting.draft import Draft, build_draft, merge_drafts
 from seer_jax.rollout.drafting.service import (
     DraftAppend,
     DraftQuery,
@@ -51,4 +51,5 @@ __all__ = [
     "GroupDraftContext",
     "SuffixAutomaton",
     "build_draft",
+    "merge_drafts",
 ]

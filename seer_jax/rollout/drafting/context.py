@@ -6,6 +6,11 @@ every response of the group (each response continues the prompt); in `per_reques
 request has its own automaton over its prompt and its own output (the baseline: classic
 per-request suffix decoding). Drafting = find the longest suffix of the request's text that was
 ever followed by a token, then follow the most frequent continuations (`draft.build_draft`).
+
+With the defaults, group mode also keeps each request's own automaton (own_context) and drafts
+from several match lengths in both (match_candidates); chains take the candidate with the highest
+expected accepted length, trees merge all candidates (merge_trees); step probabilities carry a
+pseudo-count (prior). Per-request mode gets the same knobs over its own automaton.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ from collections.abc import Iterable, Sequence
 from typing import Literal
 
 from seer_jax.errors import ConfigError, InputError
-from seer_jax.rollout.drafting.draft import Draft, build_draft
+from seer_jax.rollout.drafting.draft import Draft, build_draft, merge_drafts
 from seer_jax.rollout.drafting.suffix_automaton import SuffixAutomaton
 
 DraftMode = Literal["group", "per_request"]
@@ -37,15 +42,27 @@ class DraftConfig:
       k - 1 shorter suffixes that have different continuation statistics (suffix-link ancestors)
       and keep the draft with the highest expected accepted length (Σ of its path
       probabilities), like SuffixDecoding's best-score selection.
+    own_context: group mode only: also index each request's own text (prompt + own output) in an
+      automaton of its own and draft from whichever context scores best, the group's or the
+      request's (the same best-score selection; own statistics are not diluted by siblings).
+    prior: pseudo-count added to every context's continuation total, so a step's probability is
+      count / (total + prior): a continuation seen once is trusted less than one seen often.
+      0 = plain frequency ratios.
+    merge_trees: trees (width > 1) are the union of every candidate's tree (own and group
+      contexts, all match candidates), keeping the max_nodes most probable nodes, instead of the
+      best-scoring candidate alone.
     """
 
     mode: DraftMode = "group"
     max_match_len: int = 64
     min_match_len: int = 1
-    min_prob: float = 0.1
+    min_prob: float = 0.05
     max_spec_factor: float | None = None
     max_spec_offset: float = 0.0
-    match_candidates: int = 1
+    match_candidates: int = 3
+    own_context: bool = True
+    prior: float = 0.5
+    merge_trees: bool = True
 
     def validate(self) -> DraftConfig:
         if self.mode not in DRAFT_MODES:
@@ -63,6 +80,8 @@ class DraftConfig:
             raise ConfigError(f"drafting.match_candidates={self.match_candidates} must be >= 1")
         if self.max_spec_factor is not None and not self.max_spec_factor >= 0:
             raise ConfigError(f"drafting.max_spec_factor={self.max_spec_factor} must be >= 0 or None")
+        if not self.prior >= 0:
+            raise ConfigError(f"drafting.prior={self.prior} must be >= 0")
         return self
 
 
@@ -114,42 +133,45 @@ class GroupDraftContext:
     def start_request(self, request_id: str) -> None:
         """Register a request (done implicitly by its first `append`)."""
         self._started = True
-        if self._sam is not None:
-            if request_id not in self._requests:
-                self._requests[request_id] = self._sam.add_sequence(fork_from=0)
-        elif request_id not in self._own:
+        if self._sam is not None and request_id not in self._requests:
+            self._requests[request_id] = self._sam.add_sequence(fork_from=0)
+        if self._keeps_own() and request_id not in self._own:
             sam = SuffixAutomaton(self._count_depth)
             sam.add_sequence()
             sam.extend(0, self._prompt)
             self._own[request_id] = sam
 
+    def _keeps_own(self) -> bool:
+        return self._sam is None or self.config.own_context
+
     def append(self, request_id: str, token_ids: Iterable[int]) -> None:
         """Append generated tokens of a request."""
         self.start_request(request_id)
+        toks = token_ids if isinstance(token_ids, (list, tuple)) else list(token_ids)
         if self._sam is not None:
-            self._sam.extend(self._requests[request_id], token_ids)
-        else:
-            self._own[request_id].extend(0, token_ids)
+            self._sam.extend(self._requests[request_id], toks)
+        own = self._own.get(request_id)
+        if own is not None:
+            own.extend(0, toks)
 
     def finish_request(self, request_id: str) -> None:
         """The request will not be drafted for again. Group mode keeps its tokens (its siblings
-        still draft from them); per-request mode frees its automaton."""
+        still draft from them); its own automaton (per-request mode, own_context) is freed."""
         self._own.pop(request_id, None)
 
     # -- queries ---------------------------------------------------------------------------------
 
-    def _automaton(self, request_id: str) -> tuple[SuffixAutomaton, int]:
-        if self._sam is not None:
-            seq = self._requests.get(request_id)
-            if seq is None:
-                self.start_request(request_id)
-                seq = self._requests[request_id]
-            return self._sam, seq
-        sam = self._own.get(request_id)
-        if sam is None:
+    def _contexts(self, request_id: str) -> list[tuple[SuffixAutomaton, int]]:
+        """(automaton, sequence) pairs the request drafts from: the group's, then its own."""
+        if request_id not in (self._requests if self._sam is not None else self._own):
             self.start_request(request_id)
-            sam = self._own[request_id]
-        return sam, 0
+        out = []
+        if self._sam is not None:
+            out.append((self._sam, self._requests[request_id]))
+        own = self._own.get(request_id)
+        if own is not None:
+            out.append((own, 0))
+        return out
 
     def speculate(
         self,
@@ -164,9 +186,12 @@ class GroupDraftContext:
         width 1 gives a chain of ≤ min(max_nodes, max_depth) tokens; width k > 1 a tree keeping the
         top k continuations at forks, ≤ max_nodes nodes, paths ≤ max_depth tokens.
         """
-        sam, seq = self._automaton(request_id)
-        state, length = sam.suffix_state(seq, self.config.max_match_len)
-        return self._draft(sam, state, length, max_nodes, max_depth, width, min_prob)
+        cap = self.config.max_match_len
+        cands = []
+        for sam, seq in self._contexts(request_id):
+            state, length = sam.suffix_state(seq, cap)
+            cands += self._candidates(sam, state, length, max_nodes, max_depth, width, min_prob)
+        return self._combine(cands, max_nodes, width)
 
     def speculate_pattern(
         self,
@@ -178,52 +203,66 @@ class GroupDraftContext:
         min_prob: float | None = None,
     ) -> Draft:
         """Like `speculate`, for an explicit context `pattern` (its last max_match_len tokens
-        are matched). In per-request mode `request_id` selects the automaton."""
-        if self._sam is not None:
-            sam = self._sam
+        are matched). In per-request mode `request_id` selects the automaton (with own_context,
+        it adds the request's own one)."""
+        if self._sam is None and request_id is None:
+            raise InputError("per_request mode needs a request_id to draft from")
+        if self._sam is None:
+            sams = [self._contexts(request_id)[0][0]]
         else:
-            if request_id is None:
-                raise InputError("per_request mode needs a request_id to draft from")
-            sam, _ = self._automaton(request_id)
+            sams = [self._sam] + ([self._own[request_id]] if request_id in self._own else [])
         cap = self.config.max_match_len
-        state, length = sam.match(pattern[-cap:], cap)
-        return self._draft(sam, state, length, max_nodes, max_depth, width, min_prob)
+        cands = []
+        for sam in sams:
+            state, length = sam.match(pattern[-cap:], cap)
+            cands += self._candidates(sam, state, length, max_nodes, max_depth, width, min_prob)
+        return self._combine(cands, max_nodes, width)
 
-    def _draft(self, sam, state, length, max_nodes, max_depth, width, min_prob) -> Draft:
+    def _combine(self, cands: list[tuple[Draft, float]], max_nodes: int, width: int) -> Draft:
+        """The best-scoring candidate; trees (width > 1) with merge_trees: all candidates merged
+        into one tree of the most probable nodes."""
+        if not cands:
+            return Draft.empty()
+        if width > 1 and self.config.merge_trees and len(cands) > 1:
+            return merge_drafts([d for d, _ in cands], max_nodes)
+        return max(cands, key=lambda c: c[1])[0]
+
+    def _candidates(self, sam, state, length, max_nodes, max_depth, width,
+                    min_prob) -> list[tuple[Draft, float]]:
+        """Drafts from the match candidates of one automaton (the longest match with a
+        continuation, then up to match_candidates - 1 shorter ones), each with its score: the
+        expected accepted length Σ path probabilities. [(empty, 0)] when there is a match but no
+        draft, [] when the context has no usable match."""
         cfg = self.config
         state, length = sam.with_continuation(state, length)
         if length < cfg.min_match_len or not sam.children(state):
-            return Draft.empty(length)
+            return []
         min_prob = cfg.min_prob if min_prob is None else min_prob
-        best: Draft | None = None
-        best_score = -1.0
+        out = []
         for _ in range(cfg.match_candidates):
             depth = max_depth
             if cfg.max_spec_factor is not None:
                 depth = min(depth, math.floor(cfg.max_spec_factor * length + cfg.max_spec_offset))
             d = build_draft(sam, state, length, max_nodes=max_nodes, max_depth=depth,
-                            width=width, min_prob=min_prob, context_cap=cfg.max_match_len)
-            score = float(d.probs.sum()) if len(d) else 0.0
-            if score > best_score:
-                best, best_score = d, score
+                            width=width, min_prob=min_prob, context_cap=cfg.max_match_len,
+                            prior=cfg.prior)
+            out.append((d, float(d.probs.sum()) if len(d) else 0.0))
             if not state:
                 break
             state = sam.state_link(state)  # next shorter context with other statistics
             state, length = sam.with_continuation(state, sam.state_length(state))
             if length < cfg.min_match_len or not state:
                 break
-        return best
+        return out
 
     # -- stats -----------------------------------------------------------------------------------
 
     def num_tokens(self) -> int:
         """Positions indexed (group mode: prompt once + every response)."""
-        if self._sam is not None:
-            return self._sam.num_tokens
-        return sum(s.num_tokens for s in self._own.values())
+        own = sum(s.num_tokens for s in self._own.values())
+        return own + (self._sam.num_tokens if self._sam is not None else 0)
 
     def num_states(self) -> int:
-        if self._sam is not None:
-            return self._sam.num_states
-        return sum(s.num_states for s in self._own.values())
+        own = sum(s.num_states for s in self._own.values())
+        return own + (self._sam.num_states if self._sam is not None else 0)
 

@@ -134,6 +134,7 @@ def build_draft(
     width: int = 1,
     min_prob: float = 0.1,
     context_cap: int | None = None,
+    prior: float = 0.0,
 ) -> Draft:
     """Grow a draft from the context (state, length) of `sam`.
 
@@ -141,7 +142,8 @@ def build_draft(
     ≥ min_prob. Tree (width k > 1): best-first expansion by path probability, considering the top
     k continuations of every node, until `max_nodes` nodes. Paths never exceed `max_depth`
     tokens. As a path grows, its context is kept to its last `context_cap` tokens
-    (default `sam.count_depth - 1`), so child counts are always exact.
+    (default `sam.count_depth - 1`), so child counts are always exact. A step's probability is
+    count(child) / (Σ count(children) + prior).
     """
     if max_nodes <= 0 or max_depth <= 0:
         return Draft.empty(length)
@@ -162,7 +164,7 @@ def build_draft(
             if tok < 0:
                 break
             x = nxt[v][tok]
-            prob *= count[x] / total[v]
+            prob *= count[x] / (total[v] + prior)
             if prob < min_prob:
                 break
             tokens.append(tok)
@@ -189,7 +191,7 @@ def build_draft(
         ch = nxt[v]
         if not ch:
             return
-        tot = total[v]
+        tot = total[v] + prior
         b = best[v]
         if len(ch) == 1:
             ranked = [(count[s], 1, t, s) for t, s in ch.items()]
@@ -219,3 +221,42 @@ def build_draft(
         return Draft.empty(length)
     return Draft(np.asarray(out_tok, np.int32), np.asarray(out_par, np.int32),
                  np.asarray(out_prob, np.float32), length)
+
+
+def merge_drafts(drafts: list[Draft], max_nodes: int) -> Draft:
+    """One token tree holding the paths of several drafts (same committed token): paths with
+    equal tokens share nodes, a node's probability is the highest any draft gives it, and the
+    `max_nodes` most probable nodes are kept (a parent is never less probable than its child, so
+    the kept nodes form a tree). match_len is the longest of the drafts'."""
+    drafts = [d for d in drafts if len(d)]
+    if not drafts:
+        return Draft.empty()
+    if len(drafts) == 1:
+        return drafts[0].truncate(max_nodes)
+    key_of: dict[tuple[int, int], int] = {}  # (merged parent, token) -> merged node
+    tok: list[int] = []
+    par: list[int] = []
+    prob: list[float] = []
+    depth: list[int] = []
+    for d in drafts:
+        local = []
+        for t, p, pr in zip(d.tokens.tolist(), d.parents.tolist(), d.probs.tolist(), strict=True):
+            mp = local[p] if p >= 0 else -1
+            node = key_of.get((mp, t))
+            if node is None:
+                node = key_of[(mp, t)] = len(tok)
+                tok.append(t)
+                par.append(mp)
+                prob.append(pr)
+                depth.append(depth[mp] + 1 if mp >= 0 else 1)
+            elif pr > prob[node]:
+                prob[node] = pr
+            local.append(node)
+    # keep the most probable nodes (ties: shallower first, so parents come before children)
+    order = sorted(range(len(tok)), key=lambda i: (-prob[i], depth[i], i))[:max_nodes]
+    order.sort(key=lambda i: (depth[i], -prob[i], i))  # topological: by depth
+    new = {old: k for k, old in enumerate(order)}
+    return Draft(np.asarray([tok[i] for i in order], np.int32),
+                 np.asarray([new[par[i]] if par[i] >= 0 else -1 for i in order], np.int32),
+                 np.asarray([prob[i] for i in order], np.float32),
+                 max(d.match_len for d in drafts))
