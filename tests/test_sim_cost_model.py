@@ -2,6 +2,7 @@
 
 import json
 
+import numpy as np
 import pytest
 
 from seer_jax.errors import ConfigError
@@ -160,3 +161,21 @@ def test_profile_from_executed_steps_keeps_mean_step_time():
     assert prof.predict(4, 4, 900) > prof.predict(4, 4, 305)  # more KV read, slower
     with pytest.raises(ConfigError, match="no executed steps"):
         StepProfile.from_steps([(8, 0, 8, 0, 0.0)])
+
+
+def test_profile_fit_is_isotonic_and_keeps_the_total_of_noisy_steps():
+    # decode steps of batch 1..8 whose true time is 10 ms + 1 ms per token, with one noisy slow
+    # level (batch 3) measured rarely: it must not lift every larger level (no running max)
+    rng = np.random.default_rng(0)
+    rows = []
+    for b in range(1, 9):
+        n_steps = 2 if b == 3 else 50
+        for _ in range(n_steps):
+            slow = 0.05 if b == 3 else 0.0
+            rows.append((b, 0, b, 0, 0.010 + 0.001 * b + slow + rng.normal(0, 1e-4)))
+    prof = StepProfile.from_steps(rows)
+    assert prof.predict(8, 8, 0) == pytest.approx(0.018, rel=0.05)
+    preds = [prof.predict(b, b, 0) for b in range(1, 9)]
+    assert preds == sorted(preds)
+    total = sum(r[4] for r in rows)
+    assert sum(prof.predict(r[0], r[1] + r[2], r[3]) for r in rows) == pytest.approx(total, rel=0.02)

@@ -321,6 +321,7 @@ class ProfilePoint:
     num_tokens: int
     kv_tokens: int
     step_s: float
+    count: int = 1  # steps this point stands for (its weight in the fit)
 
 
 @dataclasses.dataclass
@@ -386,6 +387,7 @@ class StepProfile:
                         num_tokens=int(raw.get("num_tokens", b * (1 + g))),
                         kv_tokens=int(raw.get("kv_tokens", 0)),
                         step_s=float(raw["step_s"]),
+                        count=int(raw.get("count", 1)),
                     )
                 )
             except (KeyError, TypeError, ValueError) as e:
@@ -426,7 +428,7 @@ class StepProfile:
         pts = [
             ProfilePoint(batch_size=b, gamma=0, num_tokens=n,
                          kv_tokens=int(np.median([kv for kv, _ in rows])),
-                         step_s=float(np.mean([dt for _, dt in rows])))
+                         step_s=float(np.mean([dt for _, dt in rows])), count=len(rows))
             for (b, n, _), rows in sorted(groups.items())
         ]
         return cls(pts, model=model, device=device, page_size=page_size)
@@ -448,6 +450,7 @@ class StepProfile:
         kv = np.array([p.kv_tokens for p in self.points], dtype=np.float64)
         b = np.array([p.batch_size for p in self.points], dtype=np.float64)
         y = np.array([p.step_s for p in self.points], dtype=np.float64)
+        w = np.sqrt(np.array([p.count for p in self.points], dtype=np.float64))
         levels = np.unique(n)
         onehot = (n[:, None] == levels[None, :]).astype(np.float64)
         extra_cols = {"kv": kv, "seq": b}
@@ -456,15 +459,18 @@ class StepProfile:
         coef = {}
         while True:
             x = np.concatenate([onehot] + [extra_cols[k][:, None] for k in use], axis=1)
-            sol, *_ = np.linalg.lstsq(x, y, rcond=None)
+            sol, *_ = np.linalg.lstsq(x * w[:, None], y * w, rcond=None)
             coef = dict(zip(use, sol[len(levels):], strict=True))
             neg = [k for k, c in coef.items() if c < 0]
             if not neg:
                 break
             use = [k for k in use if k not in neg]
-        base = sol[: len(levels)]
-        # Never decreasing in num_tokens (a bigger step is never faster).
-        base = np.maximum.accumulate(np.maximum(base, 0.0))
+        # Never decreasing in num_tokens (a bigger step is never faster): the closest
+        # non-decreasing levels in the weighted least-squares sense (isotonic regression), so a
+        # noisy level does not lift every level above it.
+        counts = np.array([sum(p.count for p in self.points if p.num_tokens == lv) for lv in levels],
+                          dtype=np.float64)
+        base = _isotonic(np.maximum(sol[: len(levels)], 0.0), counts)
         self._levels = levels
         self._base = base
         self.c_kv = float(coef.get("kv", 0.0))
@@ -491,6 +497,18 @@ class StepProfile:
     def t_sd(self, batch_size: int, gamma: int, kv_tokens: float = 0.0) -> float:
         """T(B, γ): one speculative step verifying γ drafts for each of B sequences."""
         return self.predict(batch_size, batch_size * (1 + gamma), kv_tokens)
+
+
+def _isotonic(y: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """Weighted non-decreasing least-squares fit of `y` (pool adjacent violators)."""
+    blocks: list[list[float]] = []  # [mean, weight, length]
+    for yi, wi in zip(y, w, strict=True):
+        blocks.append([float(yi), float(wi), 1])
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            m2, w2, n2 = blocks.pop()
+            m1, w1, n1 = blocks.pop()
+            blocks.append([(m1 * w1 + m2 * w2) / (w1 + w2), w1 + w2, n1 + n2])
+    return np.concatenate([np.full(n, m) for m, _, n in blocks])
 
 
 def _varies_within_levels(col: np.ndarray, levels_of: np.ndarray) -> bool:
