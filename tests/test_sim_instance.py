@@ -119,14 +119,34 @@ def test_admission_by_free_pages_and_preemption_when_overcommitted():
     # 4 pages of 16 tokens = 64 tokens; two requests of 32-token prompt each growing to 64
     lengths = {"a": 30, "b": 30}
     inst = SimulatedInstance(0, lengths, kv_capacity_pages=6, page_size=16)
-    inst.submit(chunk("a", 30, original=30))
-    inst.submit(chunk("b", 30, original=30))
+    inst.submit(chunk("a", 30, original=30, gid="ga"))  # different prompts: nothing shared
+    inst.submit(chunk("b", 30, original=30, gid="gb"))
     res = {r.request_id: r for r in run(inst)}
     assert inst.peak_used_pages <= 6
     assert inst.total_preemptions >= 1
     assert sum(r.preemptions for r in res.values()) == inst.total_preemptions
     for rid in ("a", "b"):  # recompute preemption does not change the tokens
         assert res[rid].new_token_ids == expected_output(rid, 30, 30)[0]
+
+
+def test_siblings_share_their_prompt_pages_like_the_engine_prefix_cache():
+    # the same two requests as above, but siblings of one group: the prompt's 2 full pages are
+    # held once (2 + 2 x 2 own pages = 6), so both fit without preemption
+    lengths = {"a": 30, "b": 30}
+    inst = SimulatedInstance(0, lengths, kv_capacity_pages=6, page_size=16)
+    inst.submit(chunk("a", 30, original=30))
+    inst.submit(chunk("b", 30, original=30))
+    res = {r.request_id: r for r in run(inst)}
+    assert inst.total_preemptions == 0 and inst.peak_used_pages == 6
+    assert inst.load().free_kv_pages == 6  # everything released, shared pages included
+    for rid in ("a", "b"):
+        assert res[rid].new_token_ids == expected_output(rid, 30, 30)[0]
+    # without prefix caching every request holds its own copy of the prompt
+    inst = SimulatedInstance(0, lengths, kv_capacity_pages=6, page_size=16, prefix_caching=False)
+    inst.submit(chunk("a", 30, original=30))
+    inst.submit(chunk("b", 30, original=30))
+    run(inst)
+    assert inst.total_preemptions >= 1
 
 
 def test_no_preemption_when_budget_suffices():

@@ -128,6 +128,7 @@ class _Seq:
     bytes_imported: int = 0
     bytes_exported: int = 0
     fresh: bool = True  # not yet admitted once (decides KV source on admission)
+    shared: int = 0  # full prompt pages shared with the group's other holders here (prefix cache)
 
     @property
     def generated(self) -> int:
@@ -192,6 +193,10 @@ class SimulatedInstance:
         self._cache_pages = 0
         self._group_refs: collections.Counter[str] = collections.Counter()
         self._group_prompt_len: dict[str, int] = {}
+        # the full pages of a group's prompt are held once while any request of the group (running
+        # or cached) is here, like the engine's prefix cache; each request holds the rest
+        self._shared_pages: dict[str, int] = {}
+        self._shared_total = 0
         # statistics
         self.peak_used_pages = 0
         self.total_preemptions = 0
@@ -227,7 +232,7 @@ class SimulatedInstance:
         return InstanceLoad(
             running=len(self._running),
             waiting=len(self._waiting),
-            free_kv_pages=self.total_pages - self._used_pages,
+            free_kv_pages=self.total_pages - self._used_pages - self._shared_total,
             total_kv_pages=self.total_pages,
             page_size=self.page_size,
         )
@@ -333,21 +338,49 @@ class SimulatedInstance:
         return n
 
     def _free_pages(self) -> int:
-        return self.total_pages - self._used_pages - self._cache_pages
+        return self.total_pages - self._used_pages - self._cache_pages - self._shared_total
 
-    def _evict_cache_until(self, need: int, keep: str | None = None) -> bool:
+    def _prompt_pages(self, prompt_len: int) -> int:
+        return prompt_len // self.page_size if self.prefix_caching else 0
+
+    def _own_pages(self, s: _Seq, tokens: int) -> int:
+        return max(0, self._pages(tokens) - s.shared)
+
+    def _admit_need(self, s: _Seq, held: int) -> int:
+        """Pages admitting `s` takes now: its own pages for context + 1 beyond `held`, plus the
+        group's shared prompt pages when no request of the group is here."""
+        sp = self._prompt_pages(len(s.chunk.prompt_ids))
+        first = self._group_refs.get(s.chunk.group_id, 0) == 0
+        return max(0, self._pages(s.context + 1) - sp) - held + (sp if first else 0)
+
+    def _ref(self, gid: str, prompt_len: int) -> None:
+        if self._group_refs[gid] == 0:
+            sp = self._prompt_pages(prompt_len)
+            self._shared_pages[gid] = sp
+            self._shared_total += sp
+        self._group_refs[gid] += 1
+
+    def _unref(self, gid: str) -> None:
+        self._group_refs[gid] -= 1
+        if self._group_refs[gid] == 0:
+            self._shared_total -= self._shared_pages.pop(gid, 0)
+
+    def _evict_cache_until(self, need, keep: str | None = None) -> bool:
+        """Evict cached KV (LRU) until `need` pages are free; `need` may be a callable (what is
+        needed can change as evictions release a group's shared prompt pages)."""
+        want = need if callable(need) else (lambda: need)
         for rid in list(self._cache):
-            if self._free_pages() >= need:
+            if self._free_pages() >= want():
                 break
             if rid == keep:
                 continue
             self._drop_cache(rid)
-        return self._free_pages() >= need
+        return self._free_pages() >= want()
 
     def _drop_cache(self, rid: str) -> None:
         _, pages, gid = self._cache.pop(rid)
         self._cache_pages -= pages
-        self._group_refs[gid] -= 1
+        self._unref(gid)
 
     def _admit(self, now: float) -> int:
         io_bytes = 0
@@ -363,8 +396,8 @@ class SimulatedInstance:
             resident = self._cache.get(rid)
             use_resident = resident is not None and resident[0] == s.context and s.fresh
             held = resident[1] if use_resident else 0
-            need = self._pages(s.context + 1) - held
-            if not self._evict_cache_until(need, keep=rid if use_resident else None):
+            if not self._evict_cache_until(lambda s=s, held=held: self._admit_need(s, held),
+                                           keep=rid if use_resident else None):
                 break
             self._waiting.popleft()
             group_prompt_here = self.prefix_caching and self._group_refs.get(gid, 0) > 0
@@ -383,13 +416,14 @@ class SimulatedInstance:
             if not use_resident and rid in self._cache:
                 self._drop_cache(rid)  # stale copy
             s.fresh = False
+            s.shared = self._prompt_pages(plen)
             s.pages = held
             self._used_pages += held
-            self._alloc(s, self._pages(s.context) - s.pages)
+            self._ref(gid, plen)
+            self._alloc(s, self._own_pages(s, s.context) - s.pages)
             if s.started_at is None:
                 s.started_at = now
             self._running.append(s)
-            self._group_refs[gid] += 1
             self._group_prompt_len[gid] = plen
         return io_bytes
 
@@ -407,16 +441,16 @@ class SimulatedInstance:
             return
         s.pages += pages
         self._used_pages += pages
-        if self._used_pages > self.total_pages:
+        if self._used_pages + self._cache_pages + self._shared_total > self.total_pages:
             raise AssertionError("simulated instance overcommitted its KV pages")  # internal bug
-        self.peak_used_pages = max(self.peak_used_pages, self._used_pages)
+        self.peak_used_pages = max(self.peak_used_pages, self._used_pages + self._shared_total)
 
     def _grow_pages(self) -> None:
         i = 0
         while i < len(self._running):
             s = self._running[i]
             # a request that may emit a token this step needs room for context + 1
-            need = self._pages(s.context + 1) - s.pages
+            need = self._own_pages(s, s.context + 1) - s.pages
             if need <= 0 or self._evict_cache_until(need):
                 self._alloc(s, max(0, need))
                 i += 1
@@ -435,7 +469,7 @@ class SimulatedInstance:
     def _release(self, s: _Seq) -> None:
         self._used_pages -= s.pages
         s.pages = 0
-        self._group_refs[s.chunk.group_id] -= 1
+        self._unref(s.chunk.group_id)
 
     def _export_bytes(self, s: _Seq) -> int:
         nbytes = s.context * self.kv_bytes_per_token

@@ -164,14 +164,13 @@ class FastSimInstance(SimulatedInstance):
         resident = self._cache.get(head.chunk.request_id)
         use_resident = resident is not None and resident[0] == head.context and head.fresh
         held = resident[1] if use_resident else 0
-        need = self._pages(head.context + 1) - held
-        return self._free_pages() + self._cache_pages - held >= need
+        return self._free_pages() + self._cache_pages - held >= self._admit_need(head, held)
 
     def _macro_step(self) -> StepReport | None:
         run = self._running
         b = len(run)
         ctx = np.fromiter((s.context for s in run), dtype=np.float64, count=b)
-        pages = np.fromiter((s.pages for s in run), dtype=np.float64, count=b)
+        pages = np.fromiter((s.pages + s.shared for s in run), dtype=np.float64, count=b)
         rem = np.fromiter((self._chunk_left(s) for s in run), dtype=np.float64, count=b)
         carry = np.fromiter((getattr(s, "carry", 0.0) for s in run), dtype=np.float64, count=b)
         gammas, rate = self._speculation(run, ctx)
