@@ -2,6 +2,7 @@
 errors, macro steps vs exact steps, speculation, sweep."""
 
 import dataclasses
+import json
 
 import numpy as np
 import pytest
@@ -205,3 +206,23 @@ def test_token_unit_coarse_graining_matches_exact_tokens():
     with pytest.raises(ConfigError, match="token_unit"):
         sim.validate_config(_cfg(*base[:1], "--config.workload.max_tokens=512",
                                  "--config.cluster.token_unit=64"))
+
+
+def test_simulator_predicts_a_recorded_emulated_engine_run_within_15_percent():
+    """benchmarks/results/crosscheck_measured: a real run of 4 SmolLM2 engines (every policy),
+    its length trace and the step profile fitted to its executed steps; the calibrated simulator
+    must predict each policy's tokens/s and makespan within 15% (benchmarks/sim_crosscheck.py)."""
+    import pathlib
+
+    import ml_collections
+
+    work = pathlib.Path(__file__).resolve().parents[1] / "benchmarks/results/crosscheck_measured"
+    saved = json.loads((work / "run.json").read_text())
+    cfg = ml_collections.ConfigDict(saved["sim_config"])
+    cfg.workload.trace_path = str(work / "trace.jsonl")
+    cfg.cluster.profile_path = str(work / "profile.json")
+    pred = sim.summarize(sim.compare(cfg, list(saved["emulated"])))
+    assert set(pred) == {"group_round_robin", "request_fcfs", "seer", "oracle_lfs"}
+    for pol, emu in saved["emulated"].items():
+        assert pred[pol]["tokens_per_s"] == pytest.approx(emu["tokens_per_s"], rel=0.15), pol
+        assert pred[pol]["makespan_s"] == pytest.approx(emu["makespan_s"], rel=0.15), pol
