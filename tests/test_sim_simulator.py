@@ -208,19 +208,22 @@ def test_token_unit_coarse_graining_matches_exact_tokens():
                                  "--config.cluster.token_unit=64"))
 
 
-def test_simulator_predicts_a_recorded_emulated_engine_run_within_15_percent():
-    """benchmarks/results/crosscheck_measured: a real run of 4 SmolLM2 engines (every policy),
-    its length trace and the step profile fitted to its executed steps; the calibrated simulator
-    must predict each policy's tokens/s and makespan within 15% (benchmarks/sim_crosscheck.py)."""
+@pytest.mark.parametrize("run_dir", ["crosscheck_measured", "crosscheck_roofline"])
+def test_simulator_predicts_a_recorded_emulated_engine_run_within_15_percent(run_dir):
+    """benchmarks/results/crosscheck_*: real runs of 4 SmolLM2 engines (every policy) with their
+    length trace, timed by measured step durations (and the step profile fitted to the executed
+    steps) or by the H100 roofline; the calibrated simulator must predict each policy's tokens/s
+    and makespan within 15% (benchmarks/sim_crosscheck.py)."""
     import pathlib
 
     import ml_collections
 
-    work = pathlib.Path(__file__).resolve().parents[1] / "benchmarks/results/crosscheck_measured"
+    work = pathlib.Path(__file__).resolve().parents[1] / "benchmarks/results" / run_dir
     saved = json.loads((work / "run.json").read_text())
     cfg = ml_collections.ConfigDict(saved["sim_config"])
     cfg.workload.trace_path = str(work / "trace.jsonl")
-    cfg.cluster.profile_path = str(work / "profile.json")
+    if cfg.cluster.profile_path:
+        cfg.cluster.profile_path = str(work / "profile.json")
     pred = sim.summarize(sim.compare(cfg, list(saved["emulated"])))
     assert set(pred) == {"group_round_robin", "request_fcfs", "seer", "oracle_lfs"}
     for pol, emu in saved["emulated"].items():
