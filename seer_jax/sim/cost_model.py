@@ -355,10 +355,16 @@ class StepProfile:
     model: str = ""
     device: str = ""
     page_size: int | None = None
+    # how levels are made non-decreasing in num_tokens: "max" (running max: conservative, for
+    # grids measured point by point) or "isotonic" (weighted least squares: for noisy steps of a
+    # real run, where one slow level must not lift every larger one)
+    monotone: str = "max"
 
     def __post_init__(self) -> None:
         if not self.points:
             raise ConfigError("step profile has no points")
+        if self.monotone not in ("max", "isotonic"):
+            raise ConfigError(f"step profile monotone={self.monotone!r}: allowed 'max', 'isotonic'")
         for i, p in enumerate(self.points):
             if p.batch_size < 1 or p.gamma < 0 or p.num_tokens < 1 or p.kv_tokens < 0:
                 raise ConfigError(f"step profile point {i} is invalid: {p}")
@@ -395,7 +401,7 @@ class StepProfile:
                     f"step profile point {i} ({raw!r}) needs batch_size and step_s: {e}"
                 ) from None
         return cls(pts, model=str(d.get("model", "")), device=str(d.get("device", "")),
-                   page_size=d.get("page_size"))
+                   page_size=d.get("page_size"), monotone=str(d.get("monotone", "max")))
 
     @classmethod
     def load(cls, path: str | pathlib.Path) -> StepProfile:
@@ -431,10 +437,11 @@ class StepProfile:
                          step_s=float(np.mean([dt for _, dt in rows])), count=len(rows))
             for (b, n, _), rows in sorted(groups.items())
         ]
-        return cls(pts, model=model, device=device, page_size=page_size)
+        return cls(pts, model=model, device=device, page_size=page_size, monotone="isotonic")
 
     def to_dict(self) -> dict:
         out = {"schema": PROFILE_SCHEMA, "model": self.model, "device": self.device,
+               "monotone": self.monotone,
                "points": [dataclasses.asdict(p) for p in self.points]}
         if self.page_size is not None:
             out["page_size"] = self.page_size
@@ -465,12 +472,14 @@ class StepProfile:
             if not neg:
                 break
             use = [k for k in use if k not in neg]
-        # Never decreasing in num_tokens (a bigger step is never faster): the closest
-        # non-decreasing levels in the weighted least-squares sense (isotonic regression), so a
-        # noisy level does not lift every level above it.
-        counts = np.array([sum(p.count for p in self.points if p.num_tokens == lv) for lv in levels],
-                          dtype=np.float64)
-        base = _isotonic(np.maximum(sol[: len(levels)], 0.0), counts)
+        # Never decreasing in num_tokens (a bigger step is never faster), see `monotone`.
+        base = np.maximum(sol[: len(levels)], 0.0)
+        if self.monotone == "isotonic":
+            counts = np.array([sum(p.count for p in self.points if p.num_tokens == lv)
+                               for lv in levels], dtype=np.float64)
+            base = _isotonic(base, counts)
+        else:
+            base = np.maximum.accumulate(base)
         self._levels = levels
         self._base = base
         self.c_kv = float(coef.get("kv", 0.0))
