@@ -28,8 +28,6 @@ import sys
 import tempfile
 import time
 
-import ml_collections
-
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
@@ -57,11 +55,8 @@ def main(argv=None) -> int:
         # re-predict a saved run (its trace, fitted profile and emulated results) with the
         # current simulator, without running the engines again
         work = pathlib.Path(args.replay)
-        saved = json.loads((work / "run.json").read_text())
-        emulated, sim_cfg = saved["emulated"], ml_collections.ConfigDict(saved["sim_config"])
-        sim_cfg.workload.trace_path = str(work / "trace.jsonl")  # the saved run's own files
-        if sim_cfg.cluster.profile_path:
-            sim_cfg.cluster.profile_path = str(work / "profile.json")
+        saved, sim_cfg = sim.load_recorded_run(work)
+        emulated = saved["emulated"]
         time_model, num_responses, emu_wall = saved["time_model"], saved["num_responses"], None
         baseline, cfg_dict = saved["baseline"], saved["config"]
     else:

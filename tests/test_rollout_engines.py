@@ -34,7 +34,8 @@ def reference():
 @pytest.mark.parametrize("policy", ["seer", "group_round_robin", "request_fcfs", "oracle_lfs"])
 def test_greedy_policies_token_identical_on_4x_tp2(policy, reference):
     pool = HostKVPool()
-    instances = make_engine_instances(CFG, PARAMS, num_instances=4, tp=2, engine_config=ENGINE, pool=pool)
+    instances = make_engine_instances(CFG, PARAMS, num_instances=4, tp=2, engine_config=ENGINE, pool=pool,
+                                      record_steps=True)
     oracle = {f"g{g}/{j}": len(reference[g].token_ids) for g in range(len(GROUPS)) for j in range(3)}
     out = rollout(GROUPS, group_size=3, max_tokens=30, instances=instances,
                   sampling=SamplingParams(temperature=0.0), policy=policy, pool=pool,

@@ -187,7 +187,6 @@ def test_uneven_groups_rejected(tmp_path):
 
 
 def test_dataclass_row_is_json_ready():
-    import json
 
     run = sim.simulate(_cfg("--config.workload.num_prompts=4"), "request_fcfs")
     json.dumps(run.row())
@@ -216,14 +215,8 @@ def test_simulator_predicts_a_recorded_emulated_engine_run_within_15_percent(run
     and makespan within 15% (benchmarks/sim_crosscheck.py)."""
     import pathlib
 
-    import ml_collections
-
     work = pathlib.Path(__file__).resolve().parents[1] / "benchmarks/results" / run_dir
-    saved = json.loads((work / "run.json").read_text())
-    cfg = ml_collections.ConfigDict(saved["sim_config"])
-    cfg.workload.trace_path = str(work / "trace.jsonl")
-    if cfg.cluster.profile_path:
-        cfg.cluster.profile_path = str(work / "profile.json")
+    saved, cfg = sim.load_recorded_run(work)
     pred = sim.summarize(sim.compare(cfg, list(saved["emulated"])))
     assert set(pred) == {"group_round_robin", "request_fcfs", "seer", "oracle_lfs"}
     for pol, emu in saved["emulated"].items():

@@ -176,7 +176,7 @@ def run_rollout(c: ml_collections.ConfigDict,
         instances = make_engine_instances(cfg, params, num_instances=c.num_instances, tp=c.tp,
                                           engine_config=dataclasses.replace(engine_cfg, speculation=c.speculation),
                                           pool=pool, eos_ids=eos, step_time=step_time,
-                                          speculators=speculators)
+                                          speculators=speculators, record_steps=True)
         outputs[policy] = rollout(
             prompts, group_size=c.group_size, max_tokens=c.max_tokens, instances=instances,
             sampling=sampling, policy=policy, pool=pool, clock=c.clock,

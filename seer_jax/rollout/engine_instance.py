@@ -45,7 +45,7 @@ def slice_devices(num_instances: int, tp: int, devices: Sequence | None = None) 
 
 class EngineInstance:
     def __init__(self, instance_id: int, engine: Engine, pool: KVPool,
-                 step_time: StepTimeFn | None = None):
+                 step_time: StepTimeFn | None = None, record_steps: bool = False):
         self.instance_id = instance_id
         self.engine = engine
         self.pool = pool
@@ -57,9 +57,10 @@ class EngineInstance:
         self._imported: dict[str, int] = {}
         self._reprefill: dict[str, int] = {}
         self._prompts: dict[str, tuple[int, ...]] = {}
-        # one row per executed step: batch size, prefill tokens, decode tokens, KV tokens read,
-        # duration (s) on this instance's clock (what calibrates the simulator to this run)
-        self.step_log: list[tuple[int, int, int, int, float]] = []
+        # record_steps: one row per executed step (batch size, prefill tokens, decode tokens, KV
+        # tokens read, duration s on this instance's clock: what calibrates the simulator to a
+        # run); off by default so long-lived engines (trainer adapters) do not grow a log
+        self.step_log: list[tuple[int, int, int, int, float]] | None = [] if record_steps else None
 
     def now(self) -> float:
         return self._now
@@ -121,8 +122,9 @@ class EngineInstance:
             duration = self.step_time(stats.batch_size, stats.num_prefill_tokens,
                                       stats.num_decode_tokens, stats.kv_tokens)
         self._now = start + duration
-        self.step_log.append((stats.batch_size, stats.num_prefill_tokens, stats.num_decode_tokens,
-                              stats.kv_tokens, duration))
+        if self.step_log is not None:
+            self.step_log.append((stats.batch_size, stats.num_prefill_tokens,
+                                  stats.num_decode_tokens, stats.kv_tokens, duration))
         for s in self.engine.running:
             if s.request_id not in running_before:
                 self._started.setdefault(s.request_id, start)
@@ -159,7 +161,8 @@ def make_engine_instances(cfg: ModelConfig, params: Params, *, num_instances: in
                           engine_config: EngineConfig, pool: KVPool,
                           devices: Sequence | None = None, step_time: StepTimeFn | None = None,
                           eos_ids: tuple[int, ...] | None = None,
-                          speculators: Sequence | None = None) -> list[EngineInstance]:
+                          speculators: Sequence | None = None,
+                          record_steps: bool = False) -> list[EngineInstance]:
     """One engine per mesh slice of tp devices (params and KV cache placed on that slice).
     speculators: one `Speculator` per instance (sharing one draft service = the paper's grouped
     draft server) when engine_config.speculation is on."""
@@ -169,5 +172,5 @@ def make_engine_instances(cfg: ModelConfig, params: Params, *, num_instances: in
         mesh = Mesh(np.array(devs), ("tp",))
         engine = Engine(cfg, params, engine_config, mesh=mesh, eos_ids=eos_ids,
                         speculator=speculators[i] if speculators else None)
-        out.append(EngineInstance(i, engine, pool, step_time))
+        out.append(EngineInstance(i, engine, pool, step_time, record_steps=record_steps))
     return out

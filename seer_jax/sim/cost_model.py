@@ -457,7 +457,8 @@ class StepProfile:
         kv = np.array([p.kv_tokens for p in self.points], dtype=np.float64)
         b = np.array([p.batch_size for p in self.points], dtype=np.float64)
         y = np.array([p.step_s for p in self.points], dtype=np.float64)
-        w = np.sqrt(np.array([p.count for p in self.points], dtype=np.float64))
+        cnt = np.array([p.count for p in self.points], dtype=np.float64)
+        w = np.sqrt(cnt)
         levels = np.unique(n)
         onehot = (n[:, None] == levels[None, :]).astype(np.float64)
         extra_cols = {"kv": kv, "seq": b}
@@ -475,9 +476,7 @@ class StepProfile:
         # Never decreasing in num_tokens (a bigger step is never faster), see `monotone`.
         base = np.maximum(sol[: len(levels)], 0.0)
         if self.monotone == "isotonic":
-            counts = np.array([sum(p.count for p in self.points if p.num_tokens == lv)
-                               for lv in levels], dtype=np.float64)
-            base = _isotonic(base, counts)
+            base = _isotonic(base, onehot.T @ cnt)  # weight of a level: the steps it stands for
         else:
             base = np.maximum.accumulate(base)
         self._levels = levels

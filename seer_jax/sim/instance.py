@@ -195,7 +195,6 @@ class SimulatedInstance:
         self._group_prompt_len: dict[str, int] = {}
         # the full pages of a group's prompt are held once while any request of the group (running
         # or cached) is here, like the engine's prefix cache; each request holds the rest
-        self._shared_pages: dict[str, int] = {}
         self._shared_total = 0
         # statistics
         self.peak_used_pages = 0
@@ -353,17 +352,15 @@ class SimulatedInstance:
         first = self._group_refs.get(s.chunk.group_id, 0) == 0
         return max(0, self._pages(s.context + 1) - sp) - held + (sp if first else 0)
 
-    def _ref(self, gid: str, prompt_len: int) -> None:
+    def _ref(self, gid: str) -> None:
         if self._group_refs[gid] == 0:
-            sp = self._prompt_pages(prompt_len)
-            self._shared_pages[gid] = sp
-            self._shared_total += sp
+            self._shared_total += self._prompt_pages(self._group_prompt_len[gid])
         self._group_refs[gid] += 1
 
     def _unref(self, gid: str) -> None:
         self._group_refs[gid] -= 1
         if self._group_refs[gid] == 0:
-            self._shared_total -= self._shared_pages.pop(gid, 0)
+            self._shared_total -= self._prompt_pages(self._group_prompt_len[gid])
 
     def _evict_cache_until(self, need, keep: str | None = None) -> bool:
         """Evict cached KV (LRU) until `need` pages are free; `need` may be a callable (what is
@@ -419,12 +416,12 @@ class SimulatedInstance:
             s.shared = self._prompt_pages(plen)
             s.pages = held
             self._used_pages += held
-            self._ref(gid, plen)
+            self._group_prompt_len[gid] = plen
+            self._ref(gid)
             self._alloc(s, self._own_pages(s, s.context) - s.pages)
             if s.started_at is None:
                 s.started_at = now
             self._running.append(s)
-            self._group_prompt_len[gid] = plen
         return io_bytes
 
     def _import(self, s: _Seq) -> bool:

@@ -8,6 +8,7 @@ a bad value into one ConfigError naming the key, the value and what is allowed.
 from __future__ import annotations
 
 import dataclasses
+import json
 import time
 from typing import Any
 
@@ -680,6 +681,20 @@ def calibrated_config(
     c.controller.balance_threshold = int(balance_threshold)
     validate_config(c)
     return c
+
+
+def load_recorded_run(run_dir) -> tuple[dict, ml_collections.ConfigDict]:
+    """A run recorded by `benchmarks/sim_crosscheck.py` (run.json, trace.jsonl, profile.json in
+    `run_dir`): its saved fields and the calibrated simulator config, pointed at those files."""
+    import pathlib
+
+    run_dir = pathlib.Path(run_dir)
+    saved = json.loads((run_dir / "run.json").read_text())
+    cfg = ml_collections.ConfigDict(saved["sim_config"])
+    cfg.workload.trace_path = str(run_dir / "trace.jsonl")
+    if cfg.cluster.profile_path:
+        cfg.cluster.profile_path = str(run_dir / "profile.json")
+    return saved, cfg
 
 
 def predict_from_trace(trace_path: str, profile_path: str | None, policies: list[str] | None = None,
