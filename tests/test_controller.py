@@ -257,3 +257,38 @@ def test_seer_beats_group_round_robin_on_group_correlated_long_tail():
     assert seer.tail_s < 0.5 * grr.tail_s
     assert seer.tail_s < fcfs.tail_s  # context helps beyond divided rollout alone
     assert seer.tokens_per_s > 0.85 * oracle.tokens_per_s
+
+
+def test_controller_reads_running_progress_when_the_policy_asks():
+    # the posterior estimator censors running requests at what they have generated in flight:
+    # the controller reads Instance.running_progress() before the chunk events it asks for
+    prompts, lengths = workload(16, 4, 1024, seed=3)
+    pool = HostKVPool()
+    insts = make_sim_instances(2, lengths, pool=pool, kv_capacity_pages=2048, page_size=16)
+    ctl = Controller(prompts, group_size=4, max_tokens=1024, instances=insts, policy="seer",
+                     pool=pool, config={"chunk_size": 1024})
+    reads = []
+    orig = ctl._collect_progress
+
+    def spy():
+        orig()
+        reads.append({r.request_id: r.known_generated for r in ctl.requests.values()
+                      if r.status == "running"})
+
+    ctl._collect_progress = spy
+    EmulatedClusterDriver(ctl).run()
+    assert ctl.done and len(reads) >= 3
+    seen = [n for snap in reads for n in snap.values()]
+    assert max(seen) > 0  # in-flight progress was visible (chunks of up to 1024 tokens)
+    for snap in reads:  # a lower bound on each request's true length, never past it
+        assert all(0 <= n <= lengths[rid] for rid, n in snap.items())
+    assert all(r.in_flight_tokens == 0 for r in ctl.requests.values())
+    out = ctl.results()
+    assert all(len(r.token_ids) == lengths[r.request_id] for r in out)
+
+
+def test_seer_estimator_config_is_checked():
+    with pytest.raises(ConfigError, match="seer_estimator"):
+        ControllerConfig(seer_estimator="magic").validate()
+    with pytest.raises(ConfigError, match="seer_quantile"):
+        ControllerConfig(seer_quantile=1.0).validate()

@@ -82,6 +82,10 @@ class ControllerConfig:
         KV reservations then track what requests will really use (more concurrency, still no
         preemption); a request that outlives its estimate simply gets another chunk.
         Off by default: chunks are min(chunk_size, original_max_tokens - generated).
+    seer_estimator: the `seer` policy's length estimator: "posterior" (hierarchical log-normal
+        model fitted online, default) or "max_finished" (the paper's L_g).
+    seer_quantile: with "posterior", requests are ranked by this quantile of their remaining
+        length (in (0, 1); higher hedges more against long outliers).
     """
 
     chunk_size: int = 2048
@@ -93,6 +97,8 @@ class ControllerConfig:
     estimate_chunks: bool = False
     estimate_margin: float = 1.25
     min_chunk_size: int = 32
+    seer_estimator: str = "posterior"
+    seer_quantile: float = 0.995
 
     def validate(self) -> ControllerConfig:
         checks = (
@@ -117,6 +123,14 @@ class ControllerConfig:
         m = self.estimate_margin
         if isinstance(m, bool) or not isinstance(m, (int, float)) or not m >= 1.0:
             raise ConfigError(f"estimate_margin={m!r} is invalid; allowed: a number >= 1.0")
+        from seer_jax.rollout.policies.seer import ESTIMATORS
+
+        if self.seer_estimator not in ESTIMATORS:
+            raise ConfigError(
+                f"seer_estimator={self.seer_estimator!r} is invalid; allowed: {list(ESTIMATORS)}")
+        q = self.seer_quantile
+        if isinstance(q, bool) or not isinstance(q, (int, float)) or not 0.0 < q < 1.0:
+            raise ConfigError(f"seer_quantile={q!r} is invalid; allowed: a number in (0, 1)")
         return self
 
     @classmethod
@@ -284,6 +298,8 @@ class Controller:
             {
                 "oracle_lengths": oracle_lengths,
                 "starvation_pops": None if starv < 0 else starv,
+                "estimator": self.config.seer_estimator,
+                "quantile": self.config.seer_quantile,
             },
         )
         self.num_done = 0
@@ -382,12 +398,14 @@ class Controller:
             raise SeerError(
                 f"{res.request_id!r}: {len(res.new_logprobs)} logprobs for {n} tokens"
             )
+        if self.policy.wants_progress():
+            self._collect_progress()
         slot = self.slots[res.instance_id]
         slot.in_flight -= 1
         slot.reserved_pages -= req.reserved_pages
         req.reserved_pages = 0
-        req.output_ids.extend(int(t) for t in res.new_token_ids)
-        req.logprobs.extend(float(x) for x in res.new_logprobs)
+        req.output_ids.extend(map(int, res.new_token_ids))
+        req.logprobs.extend(map(float, res.new_logprobs))
         req.num_chunks += 1
         req.preemptions += res.preemptions
         req.reprefill_tokens += res.reprefill_tokens
@@ -412,6 +430,7 @@ class Controller:
                 req.first_token_at = min(now, first - self.instance_clock_origin)
         req.last_instance = res.instance_id
         req.instance_id = None
+        req.in_flight_tokens = 0
         reason = res.finish_reason
         if reason is None and req.generated >= req.max_tokens:
             reason = "length"
@@ -437,6 +456,7 @@ class Controller:
         for r in lost:
             r.status = "buffer"
             r.instance_id = None
+            r.in_flight_tokens = 0
             r.reserved_pages = 0
             self.stats.redispatched_chunks += 1
         slot.in_flight = 0
@@ -485,6 +505,17 @@ class Controller:
         return out
 
     # ---- internals -----------------------------------------------------------------------------
+    def _collect_progress(self) -> None:
+        """Note how far every running chunk has got (`Instance.running_progress`, where implemented)."""
+        for slot, inst in zip(self.slots, self.instances, strict=True):
+            fn = getattr(inst, "running_progress", None)
+            if not slot.alive or fn is None:
+                continue
+            for rid, n in fn().items():
+                req = self.requests.get(rid)
+                if req is not None and req.status == "running" and req.instance_id == slot.instance_id:
+                    req.in_flight_tokens = max(req.in_flight_tokens, int(n) - req.generated)
+
     def _chunk_budget(self, req: RequestState) -> int:
         if not self.policy.divided:
             return req.remaining

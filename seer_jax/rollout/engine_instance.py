@@ -99,6 +99,9 @@ class EngineInstance:
             return len(prompt) - 1
         return 0
 
+    def running_progress(self) -> dict[str, int]:
+        return {s.request_id: len(s.output) for s in self.engine.running}
+
     def abort(self, request_id: str) -> None:
         self.engine.abort(request_id)
         self._chunks.pop(request_id, None)

@@ -12,6 +12,7 @@ the same instance needs no import (`resident_tokens` tells placement how much is
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Protocol, runtime_checkable
 
 from seer_jax.rollout.types import ChunkRequest, InstanceLoad, StepReport
@@ -46,6 +47,13 @@ class Instance(Protocol):
 
     def abort(self, request_id: str) -> None:
         """Drop a queued or running chunk (its request is re-dispatched elsewhere)."""
+
+    def running_progress(self) -> Mapping[str, int]:
+        """Tokens generated so far by each request whose chunk is running here (earlier chunks
+        included). Seer instances stream tokens to the group draft server as they generate, so
+        the scheduler knows how far in-flight requests have got; the controller reads this only
+        when a policy asks (`Policy.wants_progress`). Optional: instances without it report
+        nothing about in-flight chunks."""
 
 
 class KVPool(Protocol):

@@ -247,6 +247,9 @@ class SimulatedInstance:
             return self._group_prompt_len.get(group_id, 0)
         return 0
 
+    def running_progress(self) -> dict[str, int]:
+        return {s.chunk.request_id: s.generated for s in self._running}
+
     def abort(self, request_id: str) -> None:
         for s in list(self._waiting):
             if s.chunk.request_id == request_id:

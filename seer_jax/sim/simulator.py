@@ -83,6 +83,8 @@ def default_config() -> ml_collections.ConfigDict:
     r.estimate_chunks = False
     r.estimate_margin = 1.25
     r.min_chunk_size = 32
+    r.seer_estimator = "posterior"  # or "max_finished" (the paper's L_g)
+    r.seer_quantile = 0.995
 
     s = c.spec = ml_collections.ConfigDict()
     # Per-position conditional acceptance rates of grouped drafts once the group has context,

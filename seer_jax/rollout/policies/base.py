@@ -86,6 +86,7 @@ class RequestState:
     last_instance: int | None = None  # instance of the last completed chunk (holds its KV)
     instances_visited: list[int] = dataclasses.field(default_factory=list)
     num_chunks: int = 0
+    in_flight_tokens: int = 0  # tokens its running chunk has generated, as last reported
     reserved_pages: int = 0
     chunk_max_new: int = 0
     # times on the driver's clock (seconds since the rollout started)
@@ -113,6 +114,12 @@ class RequestState:
     @property
     def generated(self) -> int:
         return len(self.output_ids)
+
+    @property
+    def known_generated(self) -> int:
+        """Tokens known to be generated: finished chunks plus the running chunk's reported
+        progress (a lower bound on the request's length while it runs)."""
+        return len(self.output_ids) + self.in_flight_tokens
 
     @property
     def remaining(self) -> int:
@@ -177,6 +184,11 @@ class Policy(abc.ABC):
     def on_chunk_end(self, req: RequestState) -> None:
         """A chunk of `req` ended unfinished (`req.group` updated); `req` is pushed right after."""
         return None
+
+    def wants_progress(self) -> bool:
+        """True when the policy would use in-flight progress (`RequestState.in_flight_tokens`)
+        at the next chunk event; the controller then reads `Instance.running_progress()` first."""
+        return False
 
     def estimate_remaining(self, req: RequestState) -> int | None:
         """The policy's estimate of `req`'s remaining output tokens (None: no estimate). Used to
