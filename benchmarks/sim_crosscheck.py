@@ -85,6 +85,8 @@ def main(argv=None) -> int:
             max_prefill_tokens=cfg.engine.max_num_batched_tokens,
             balance_threshold=cfg.balance_threshold, max_tokens=cfg.max_tokens,
             accelerator=cfg.accelerator, chips_per_instance=cfg.chips_per_instance)
+        sim_cfg.controller.seer_estimator = cfg.seer_estimator
+        sim_cfg.controller.seer_quantile = cfg.seer_quantile
         emulated = {pol: {"tokens_per_s": o.report.tokens_per_s, "makespan_s": o.report.makespan_s,
                           "tail_s": o.report.tail_s} for pol, o in run.outputs.items()}
         time_model, num_responses = cfg.time_model, run.summary["num_responses"]

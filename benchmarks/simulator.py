@@ -2,6 +2,10 @@
 speed on the Kimi-K2-shaped preset (6,400 responses, 256 instances).
 
     .venv/bin/python benchmarks/simulator.py [--json out.json] [--skip-kimi] [--kimi-policies seer]
+        [--seeds 0,1,2,3] [--icc 0.9] [--config.controller.seer_quantile=0.998 ...]
+
+`--seeds`: the Moonlight table on several workload draws (mean ratios in the summary);
+`--icc`: the preset with another intra-group length correlation.
 
 Prints tables and writes JSON with a top-level `summary`:
   moonlight.<run>.{tokens_per_s, makespan_s, tail_s, tokens_per_s_ratio_vs_group_round_robin,
@@ -39,24 +43,71 @@ def _print_table(title: str, summ: dict) -> None:
               f"{r['preemptions']:7d} {ratio:11.2f}x {red:9.0%}")
 
 
+def moonlight_runs(cfg, work) -> dict:
+    runs = sim.compare(cfg, ["group_round_robin", "request_fcfs", "seer", "oracle_lfs"],
+                       workload=work)
+    runs["seer + grouped SD"] = sim.simulate(cfg, "seer", speculation=True, workload=work,
+                                            label="seer + grouped SD")
+    return runs
+
+
+def headline(summ: dict) -> dict:
+    ladder = [summ[k]["tokens_per_s"] for k in ("request_fcfs", "seer", "seer + grouped SD")]
+    seer = summ["seer"]
+    return {
+        "seer_tokens_per_s_ratio_vs_group_round_robin":
+            seer["tokens_per_s_ratio_vs_group_round_robin"],
+        "seer_tail_reduction_vs_group_round_robin": seer["tail_reduction_vs_group_round_robin"],
+        "seer_tokens_per_s_ratio_vs_oracle_lfs":
+            seer["tokens_per_s"] / summ["oracle_lfs"]["tokens_per_s"],
+        "seer_tokens_per_s_ratio_vs_request_fcfs":
+            seer["tokens_per_s"] / summ["request_fcfs"]["tokens_per_s"],
+        "ablation_order_ok": all(a < b for a, b in zip(ladder, ladder[1:], strict=False)),
+    }
+
+
+def per_seed(cfg, seeds: list[int]) -> dict:
+    """The Moonlight table on several workload draws: per seed headline ratios, and their mean."""
+    rows = {}
+    for sd in seeds:
+        summ = sim.summarize(moonlight_runs(cfg, sim.build_workload(cfg, seed=sd)))
+        rows[sd] = headline(summ)
+        r = rows[sd]
+        print(f"seed {sd}: seer vs grr {r['seer_tokens_per_s_ratio_vs_group_round_robin']:.2f}x, "
+              f"tail -{r['seer_tail_reduction_vs_group_round_robin']:.0%}, "
+              f"vs oracle {r['seer_tokens_per_s_ratio_vs_oracle_lfs']:.3f}, "
+              f"vs fcfs {r['seer_tokens_per_s_ratio_vs_request_fcfs']:.3f}, "
+              f"ablation ok {r['ablation_order_ok']}", flush=True)
+    keys = [k for k in next(iter(rows.values())) if k != "ablation_order_ok"]
+    mean = {k: float(sum(r[k] for r in rows.values()) / len(rows)) for k in keys}
+    mean["ablation_order_ok_seeds"] = sum(r["ablation_order_ok"] for r in rows.values())
+    print("mean over seeds: " + ", ".join(f"{k} {v:.3f}" for k, v in mean.items()))
+    return {"icc": float(cfg.workload.icc), "per_seed": rows, "mean": mean}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", default="benchmarks/results/simulator.json")
     ap.add_argument("--skip-kimi", action="store_true")
     ap.add_argument("--kimi-policies", default="seer")
     ap.add_argument("--plots", default="", help="write Moonlight plots into this directory")
-    args = ap.parse_args()
+    ap.add_argument("--seeds", default="", help="comma-separated workload seeds (default: the "
+                    "config's seed only)")
+    ap.add_argument("--icc", type=float, default=None, help="override workload.icc")
+    args, overrides = ap.parse_known_args()
 
     out: dict = {}
     summary: dict = {}
-    cfg = load_config_file(ROOT / "configs/sim/moonlight.py")
+    cfg = load_config_file(ROOT / "configs/sim/moonlight.py", overrides)
+    if args.icc is not None:
+        cfg.workload.icc = args.icc
     sim.validate_config(cfg)
+    if args.seeds:
+        seeds = [int(x) for x in args.seeds.split(",")]
+        summary["seeds"] = per_seed(cfg, seeds)
     work = sim.build_workload(cfg)
     t0 = time.perf_counter()
-    runs = sim.compare(cfg, ["group_round_robin", "request_fcfs", "seer", "oracle_lfs"],
-                       workload=work)
-    runs["seer + grouped SD"] = sim.simulate(cfg, "seer", speculation=True, workload=work,
-                                            label="seer + grouped SD")
+    runs = moonlight_runs(cfg, work)
     moon_wall = time.perf_counter() - t0
     summ = sim.summarize(runs)
     _print_table(f"Moonlight-shaped: {work.stats()['num_responses']} responses, "

@@ -292,3 +292,14 @@ def test_seer_estimator_config_is_checked():
         ControllerConfig(seer_estimator="magic").validate()
     with pytest.raises(ConfigError, match="seer_quantile"):
         ControllerConfig(seer_quantile=1.0).validate()
+
+
+def test_seer_report_carries_its_fitted_length_model():
+    # log-length prompt effect sd 1.0, within-group sd 0.3: ICC ~0.92
+    prompts, lengths = workload(24, 4, 2048, seed=5, sigma=1.0, noise=0.3)
+    out, _, _ = run_policy("seer", prompts, lengths, 4, 2048, pages=4096, chunk_size=256)
+    lm = out.report.length_model
+    assert lm is not None and set(lm) >= {"mu", "tau", "sigma", "eps", "icc"}
+    assert lm["icc"] > 0.7 and out.report.summary()["length_model_icc"] == lm["icc"]
+    fcfs, _, _ = run_policy("request_fcfs", prompts, lengths, 4, 2048, pages=4096, chunk_size=256)
+    assert fcfs.report.length_model is None

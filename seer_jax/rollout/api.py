@@ -41,6 +41,8 @@ def default_config() -> ml_collections.ConfigDict:
     c.compare = ""  # comma-separated policies run on the same prompts and seeds
     c.chunk_size = 64
     c.balance_threshold = 32
+    c.seer_estimator = "posterior"  # seer's length estimator, or "max_finished" (the paper's)
+    c.seer_quantile = 0.995  # posterior: rank by this quantile of remaining length
     c.clock = "emulated"  # "emulated" (virtual clock per instance) or "wall"
     # emulated step durations: "measured" (wall time of each real step on this host) or
     # "roofline" (sim cost model of `cost_model` on `accelerator` x `chips_per_instance`)
@@ -180,7 +182,8 @@ def run_rollout(c: ml_collections.ConfigDict,
         outputs[policy] = rollout(
             prompts, group_size=c.group_size, max_tokens=c.max_tokens, instances=instances,
             sampling=sampling, policy=policy, pool=pool, clock=c.clock,
-            config={"chunk_size": c.chunk_size, "balance_threshold": c.balance_threshold},
+            config={"chunk_size": c.chunk_size, "balance_threshold": c.balance_threshold,
+                    "seer_estimator": c.seer_estimator, "seer_quantile": c.seer_quantile},
             oracle_lengths=oracle if policy == "oracle_lfs" else None,
             progress=progress(policy) if progress else None, detokenize=tok.decode)
         step_logs[policy] = [row for inst in instances for row in inst.step_log]

@@ -117,6 +117,8 @@ class RolloutReport:
     max_output_len: int
     truncated_fraction: float
     lost_instances: list[int]
+    # seer's fitted length model at the end of the rollout (mu, tau, sigma, eps, icc), or None
+    length_model: dict[str, float] | None = None
 
     @property
     def spec_acceptance(self) -> float | None:
@@ -146,6 +148,7 @@ class RolloutReport:
             "spec_acceptance": self.spec_acceptance,
             "length_icc": self.length_icc,
             "top10_token_share": self.top10_token_share,
+            "length_model_icc": None if self.length_model is None else self.length_model["icc"],
         }
 
     def to_json(self) -> dict[str, Any]:
@@ -215,6 +218,8 @@ def build_report(results, controller, driver, pool=None) -> RolloutReport:
         max_output_len=int(lengths.max()) if len(lengths) else 0,
         truncated_fraction=float(np.mean([r.finish_reason == "length" for r in results])),
         lost_instances=list(st.lost_instances),
+        length_model=(None if getattr(controller.policy, "length_params", None) is None
+                      else controller.policy.length_params.to_json()),
     )
 
 

@@ -692,7 +692,11 @@ def load_recorded_run(run_dir) -> tuple[dict, ml_collections.ConfigDict]:
 
     run_dir = pathlib.Path(run_dir)
     saved = json.loads((run_dir / "run.json").read_text())
-    cfg = ml_collections.ConfigDict(saved["sim_config"])
+    sim_cfg = saved["sim_config"]
+    # runs recorded before seer had a choice of estimator used the paper's (max_finished)
+    sim_cfg["controller"].setdefault("seer_estimator", "max_finished")
+    cfg = default_config()
+    cfg.update(ml_collections.ConfigDict(sim_cfg))
     cfg.workload.trace_path = str(run_dir / "trace.jsonl")
     if cfg.cluster.profile_path:
         cfg.cluster.profile_path = str(run_dir / "profile.json")
