@@ -32,6 +32,24 @@ def test_structured_sizes_are_stated_and_long_tailed():
     assert np.mean(sizes) > np.median(sizes)
 
 
+def test_structured_prefixes_keep_the_long_tail():
+    """A run uses the first num_prompts prompts: every prefix of 16 (and 8) must span the
+    stated sizes, not just the small ones."""
+    items = prompt_set("structured")
+    counting = [p.text.startswith(("Write the numbers", "Count down")) for p in items]
+    base = [p.size_hint // 3 if c else p.size_hint for c, p in zip(counting, items, strict=True)]
+    for start in range(0, len(items), 16):
+        block = base[start:start + 16]
+        assert sorted(block) == sorted(base[:16])  # every stated size once per block
+        assert max(block[:8]) >= 45 and min(block[:8]) <= 3
+    for n in (8, 16, 32):
+        sizes = np.array([p.size_hint for p in items[:n]], dtype=float)
+        assert sizes.max() / np.median(sizes) >= 5
+    kinds = ["count" if c else p.category for c, p in zip(counting, items, strict=True)]
+    for k in set(kinds):  # every task kind gets every stated size once
+        assert sorted(b for b, kk in zip(base, kinds, strict=True) if kk == k) == sorted(base[:16])
+
+
 def test_natural_set_is_math_and_reasoning():
     cats = {p.category for p in prompt_set("natural")}
     assert cats == {"math", "reasoning"}

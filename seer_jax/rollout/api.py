@@ -71,7 +71,10 @@ def bench_config(mix: str) -> ml_collections.ConfigDict:
     c.tp = 1
     c.chunk_size = 128
     c.compare = "group_round_robin,request_fcfs,seer,oracle_lfs"
-    c.engine.max_num_seqs = 64
+    # 16 sequences per instance: an instance's groups queue for its slots, as long responses
+    # queue for KV memory at scale. With 64 slots every request of an instance runs at once and
+    # no order can matter (measured: all four policies within 2.6% of each other).
+    c.engine.max_num_seqs = 16
     c.engine.kv_memory_gib = 1.0
     return c
 

@@ -105,39 +105,52 @@ _LISTS = ["animals", "countries", "fruits", "famous scientists", "musical instru
           "English verbs", "colors", "sports"]
 
 
-def _structured() -> list[PromptItem]:
-    items: list[PromptItem] = []
-    for i, n in enumerate(_SIZES):
+def _bit_reversed(n: int) -> list[int]:
+    """0..n-1 (n a power of two) in bit-reversed order: every prefix of length 2^k is spread
+    evenly over the range (0, 8, 4, 12, 2, ... for 16)."""
+    bits = n.bit_length() - 1
+    return [int(format(i, f"0{bits}b")[::-1], 2) for i in range(n)]
+
+
+def _structured_item(kind: int, i: int, n: int) -> PromptItem:
+    if kind == 0:
         count = (
             f"Write the numbers from 1 to {n * 3} in words, one per line, and nothing else."
             if i % 2 == 0
             else f"Count down from {n * 3} to 1, writing each number in words on its own line."
         )
-        items.append(PromptItem(count, "enumeration", n * 3))
-        items.append(
-            PromptItem(
-                f"List exactly {n} different {_LISTS[i % len(_LISTS)]}, numbered 1 to {n}, each "
-                "with a one-sentence description.",
-                "enumeration",
-                n,
-            )
+        return PromptItem(count, "enumeration", n * 3)
+    if kind == 1:
+        return PromptItem(
+            f"List exactly {n} different {_LISTS[i % len(_LISTS)]}, numbered 1 to {n}, each "
+            "with a one-sentence description.",
+            "enumeration",
+            n,
         )
-        items.append(
-            PromptItem(
-                f"Write a story about {_TOPICS[i % len(_TOPICS)]} that is exactly {n} sentences "
-                "long.",
-                "story",
-                n,
-            )
+    if kind == 2:
+        return PromptItem(
+            f"Write a story about {_TOPICS[i % len(_TOPICS)]} that is exactly {n} sentences long.",
+            "story",
+            n,
         )
-        items.append(
-            PromptItem(
-                f"Starting from {7 + i}, apply the rule 'multiply by 3, then subtract 4' {n} times. "
-                "Show every step on its own line with the full calculation.",
-                "derivation",
-                n,
-            )
-        )
+    return PromptItem(
+        f"Starting from {7 + i}, apply the rule 'multiply by 3, then subtract 4' {n} times. "
+        "Show every step on its own line with the full calculation.",
+        "derivation",
+        n,
+    )
+
+
+def _structured() -> list[PromptItem]:
+    """Every (size, task kind) pair once, ordered so that any prefix (a run's first
+    num_prompts) keeps the long tail: each block of 16 prompts has every stated size once, in
+    bit-reversed order (a prefix of 8 spans the range too), and the task kind rotates between
+    blocks, so 4 blocks hold every pair exactly once."""
+    order = _bit_reversed(len(_SIZES))
+    items: list[PromptItem] = []
+    for block in range(4):
+        for k, i in enumerate(order):
+            items.append(_structured_item((k + block) % 4, i, _SIZES[i]))
     return items
 
 
