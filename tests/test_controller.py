@@ -303,3 +303,38 @@ def test_seer_report_carries_its_fitted_length_model():
     assert lm["icc"] > 0.7 and out.report.summary()["length_model_icc"] == lm["icc"]
     fcfs, _, _ = run_policy("request_fcfs", prompts, lengths, 4, 2048, pages=4096, chunk_size=256)
     assert fcfs.report.length_model is None
+
+
+def test_in_flight_follows_the_instance_batch_limit_so_the_policy_orders_the_queue():
+    """An instance reports its batch limit (InstanceLoad.max_running); by default divided
+    policies keep at most that many chunks on it, so waiting chunks stay in the controller's
+    buffer in the policy's order instead of in the instance's first-come queue."""
+    prompts, lengths = workload(6, 4, 512, seed=11, median=120)
+    for cap, expect_queue in ((0, False), (-1, True)):
+        pool = HostKVPool()
+        insts = make_sim_instances(2, lengths, pool=pool, kv_capacity_pages=4096, page_size=16,
+                                   max_batch_size=3)
+        queued = []
+        for inst in insts:
+            step = inst.step
+
+            def checked(step=step, inst=inst, queued=queued):
+                ld = inst.load()
+                assert ld.max_running == 3 and ld.running <= 3
+                queued.append(ld.in_flight - 3)  # > 0: chunks queued inside the instance
+                return step()
+
+            inst.step = checked
+        out = rollout(prompts, group_size=4, max_tokens=512, instances=insts, policy="oracle_lfs",
+                      pool=pool, oracle_lengths=lengths,
+                      config={"chunk_size": 64, "max_in_flight_per_instance": cap})
+        assert len(out.results) == 24
+        for r in out.results:
+            assert r.token_ids == expected_output(r.request_id, lengths[r.request_id], 512)[0]
+        assert (max(queued) > 0) == expect_queue
+        if cap == 0:  # the longest requests start first (the oracle's order is respected)
+            first = sorted(out.results, key=lambda r: (r.first_scheduled_at, r.request_id))[:6]
+            longest = sorted(lengths.values(), reverse=True)[:6]
+            assert sorted(len(r.token_ids) for r in first) == sorted(longest)
+    with pytest.raises(ConfigError, match="max_in_flight_per_instance=-2"):
+        ControllerConfig(max_in_flight_per_instance=-2).validate()

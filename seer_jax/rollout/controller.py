@@ -51,7 +51,13 @@ from seer_jax.errors import ConfigError, InputError, SeerError
 from seer_jax.rollout.instance import Instance, KVPool
 from seer_jax.rollout.placement import InstanceSlot, choose_instance, least_loaded_order
 from seer_jax.rollout.policies import POLICIES, GroupState, Policy, RequestState, make_policy
-from seer_jax.rollout.types import ChunkRequest, ChunkResult, FinishReason, SamplingParams
+from seer_jax.rollout.types import (
+    ChunkRequest,
+    ChunkResult,
+    FinishReason,
+    InstanceLoad,
+    SamplingParams,
+)
 
 if TYPE_CHECKING:
     from seer_jax.rollout.report import RolloutReport
@@ -68,7 +74,10 @@ class ControllerConfig:
     chunk_size: max new tokens per chunk (divided policies); >= 1.
     balance_threshold: in-flight spread (max - min chunks across instances) above which placement
         ignores affinity and picks the least-loaded instance (paper: 32); >= 0.
-    max_in_flight_per_instance: cap on chunks in flight per instance, 0 = none (KV budget only).
+    max_in_flight_per_instance: cap on chunks in flight per instance (divided policies). 0 = auto:
+        the instance's batch limit (`InstanceLoad.max_running`, e.g. max_num_seqs), so a chunk
+        waits in the controller's buffer, where the policy orders it, not in an instance's own
+        first-come queue; -1 = no cap (KV budget only).
     dispatch_lookahead: how many buffered requests a dispatch round may skip over when the
         policy's first choice fits nowhere right now; >= 1.
     starvation_pops: seer's starvation guard: -1 = auto (number of requests), 0 = off, else a
@@ -107,8 +116,8 @@ class ControllerConfig:
             (
                 "max_in_flight_per_instance",
                 self.max_in_flight_per_instance,
-                ">= 0 (0 = no cap)",
-                lambda v: v >= 0,
+                ">= -1 (0 = the instance's batch limit, -1 = no cap)",
+                lambda v: v >= -1,
             ),
             ("dispatch_lookahead", self.dispatch_lookahead, ">= 1", lambda v: v >= 1),
             ("starvation_pops", self.starvation_pops, ">= -1 (-1 auto, 0 off)", lambda v: v >= -1),
@@ -260,7 +269,7 @@ class Controller:
                     instance_id=inst.instance_id,
                     total_pages=ld.total_kv_pages,
                     page_size=ld.page_size,
-                    max_in_flight=self.config.max_in_flight_per_instance or None,
+                    max_in_flight=self._in_flight_cap(ld),
                 )
             )
         capacity = max(s.total_pages * s.page_size for s in self.slots)
@@ -330,6 +339,12 @@ class Controller:
                 if not self.policy.divided:
                     r.pinned_instance = g.index % n
                 self.policy.push(r)
+
+    def _in_flight_cap(self, ld: InstanceLoad) -> int | None:
+        cap = self.config.max_in_flight_per_instance
+        if cap == 0:
+            return ld.max_running or None
+        return None if cap < 0 else cap
 
     def dispatch(self, now: float) -> int:
         """Submit chunks while instances have room; returns how many were submitted."""

@@ -91,7 +91,8 @@ class EngineInstance:
         free, total = self.engine.kv_usage()
         return InstanceLoad(running=len(self.engine.running), waiting=len(self.engine.waiting),
                             free_kv_pages=free, total_kv_pages=total,
-                            page_size=self.engine.config.page_size)
+                            page_size=self.engine.config.page_size,
+                            max_running=self.engine.config.max_num_seqs)
 
     def resident_tokens(self, request_id: str, group_id: str) -> int:
         prompt = self._prompts.get(group_id)

@@ -105,6 +105,8 @@ class InstanceLoad:
     free_kv_pages: int
     total_kv_pages: int
     page_size: int
+    # most requests the instance runs in one step (its batch limit, e.g. max_num_seqs); 0 = none
+    max_running: int = 0
 
     @property
     def in_flight(self) -> int:

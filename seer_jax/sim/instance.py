@@ -234,6 +234,7 @@ class SimulatedInstance:
             free_kv_pages=self.total_pages - self._used_pages - self._shared_total,
             total_kv_pages=self.total_pages,
             page_size=self.page_size,
+            max_running=self.max_batch_size,
         )
 
     def resident_tokens(self, request_id: str, group_id: str) -> int:
