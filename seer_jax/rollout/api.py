@@ -8,6 +8,7 @@ one engine per mesh slice and runs one or more policies on the same prompts and 
 from __future__ import annotations
 
 import dataclasses
+import gc
 import json
 import os
 import pathlib
@@ -192,6 +193,10 @@ def run_rollout(c: ml_collections.ConfigDict,
         step_logs[policy] = [row for inst in instances for row in inst.step_log]
         load = instances[0].load()
         kv_capacity = load.total_kv_pages * load.page_size
+        # release this policy's engines (KV caches, executables) before the next are built:
+        # otherwise two sets are alive at once and the peak memory doubles
+        del instances, pool, speculators
+        gc.collect()
     reports = {p: o.report for p, o in outputs.items()}
     baseline = "group_round_robin" if "group_round_robin" in reports else policies[0]
     summary = {"policies": compare_summary(reports, baseline), "baseline": baseline,
