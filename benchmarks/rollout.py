@@ -13,10 +13,32 @@ import sys
 import time
 
 
+def token_differences(results_by_policy) -> list[dict]:
+    """Responses whose tokens differ from the first policy's: request id, policy, the first
+    position that differs, both lengths, and the first policy's logprob there."""
+    pols = list(results_by_policy)
+    ref = {r.request_id: r for r in results_by_policy[pols[0]]}
+    out = []
+    for pol in pols[1:]:
+        for r in results_by_policy[pol]:
+            a, b = list(ref[r.request_id].token_ids), list(r.token_ids)
+            if a == b:
+                continue
+            pos = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+            lp = ref[r.request_id].logprobs
+            out.append({"request_id": r.request_id, "policy": pol, "vs": pols[0],
+                        "first_diff_position": pos, "lengths": [len(a), len(b)],
+                        "ref_logprob_at_diff": float(lp[pos]) if pos < len(lp) else None})
+    return out
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--config", default="configs/rollout/bench_structured.py")
     p.add_argument("--json", dest="json_path", default=None)
+    p.add_argument("--tokens-out", dest="tokens_out", default=None,
+                   help="write every policy's response token ids here (JSONL, one line per "
+                        "policy and response)")
     args, overrides = p.parse_known_args(argv)
     from seer_jax.config_files import load_config_file
     from seer_jax.rollout.api import run_rollout
@@ -38,8 +60,17 @@ def main(argv=None) -> int:
     first = next(iter(reports.values()))
     summary["length_icc"] = first.length_icc
     summary["top10_token_share"] = first.top10_token_share
-    identical = len({tuple(tuple(r.token_ids) for r in o.results) for o in result.outputs.values()}) == 1
-    summary["tokens_identical_across_policies"] = identical
+    diffs = token_differences({pol: o.results for pol, o in result.outputs.items()})
+    summary["tokens_identical_across_policies"] = not diffs
+    summary["token_differences"] = diffs
+    if args.tokens_out:
+        with open(args.tokens_out, "w") as f:
+            for pol, o in result.outputs.items():
+                for r in o.results:
+                    f.write(json.dumps({"policy": pol, "request_id": r.request_id,
+                                        "finish_reason": str(r.finish_reason),
+                                        "token_ids": list(r.token_ids),
+                                        "logprobs": list(r.logprobs)}) + "\n")
     report = {"summary": summary, "config": cfg.to_dict(), "benchmark_wall_s": wall,
               "reports": {pol: r.to_json() for pol, r in reports.items()}}
     print(json.dumps(summary, indent=1, default=str))

@@ -338,3 +338,53 @@ def test_in_flight_follows_the_instance_batch_limit_so_the_policy_orders_the_que
             assert sorted(len(r.token_ids) for r in first) == sorted(longest)
     with pytest.raises(ConfigError, match="max_in_flight_per_instance=-2"):
         ControllerConfig(max_in_flight_per_instance=-2).validate()
+
+
+def test_room_kept_for_a_held_request_stays_on_one_instance_until_it_runs():
+    """A request that fits nowhere has its pages blocked on one instance, the same one every
+    dispatch round, until it runs there: smaller requests fill the other instances' holes, and
+    room freed elsewhere (which would move a target chosen afresh each round) does not let them
+    take the room growing for it."""
+    prompts = [[7] * 700] + [[5 + i] * 16 for i in range(1, 20)]
+    lengths = {"g0/0": 200, **{f"g{i}/0": 20 for i in range(1, 20)}}
+    pool = HostKVPool()
+    insts = make_sim_instances(2, lengths, pool=pool, kv_capacity_pages=64, page_size=16)
+    ctl = Controller(prompts, group_size=1, max_tokens=200, instances=insts, policy="oracle_lfs",
+                     pool=pool, oracle_lengths=lengths, config={"chunk_size": 128})
+    big = ctl.requests["g0/0"]  # the longest, so popped first; needs (700 + 128) / 16 -> 52 pages
+    s0, s1 = ctl.slots
+    s0.reserved_pages, s1.reserved_pages = 40, 30  # room elsewhere taken: free 24 and 34
+    ctl.dispatch(0.0)
+    assert big.status == "buffer" and ctl._room_target["g0/0"] == 1
+    assert (s0.in_flight, s1.in_flight) == (2, 0)  # 9-page chunks fill instance 0's hole only
+    s0.reserved_pages -= 30  # chunks end on instance 0: now the most free (36 vs 34)
+    ctl.dispatch(0.0)
+    assert big.status == "buffer" and ctl._room_target["g0/0"] == 1
+    assert s1.in_flight == 0 and s0.in_flight == 2 + 4
+    s1.reserved_pages = 0  # instance 1 drains: the big request runs there
+    ctl.dispatch(0.0)
+    assert big.status == "running" and big.instance_id == 1 and "g0/0" not in ctl._room_target
+
+
+def test_rollout_benchmark_reports_where_policies_tokens_differ():
+    import importlib.util
+    import pathlib
+    from types import SimpleNamespace
+
+    path = pathlib.Path(__file__).resolve().parents[1] / "benchmarks/rollout.py"
+    spec = importlib.util.spec_from_file_location("bench_rollout", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+
+    def res(rid, toks):
+        return SimpleNamespace(request_id=rid, token_ids=toks, logprobs=[-0.1 * i for i in range(len(toks))])
+
+    same = {"a": [res("g0/0", [1, 2, 3]), res("g0/1", [4, 5])],
+            "b": [res("g0/1", [4, 5]), res("g0/0", [1, 2, 3])]}
+    assert mod.token_differences(same) == []
+    diff = {"a": [res("g0/0", [1, 2, 3, 9]), res("g0/1", [4, 5])],
+            "b": [res("g0/0", [1, 2, 7]), res("g0/1", [4, 5, 6])]}
+    out = mod.token_differences(diff)
+    assert [(d["request_id"], d["first_diff_position"], d["lengths"]) for d in out] == [
+        ("g0/0", 2, [4, 3]), ("g0/1", 2, [2, 3])]
+    assert out[0]["ref_logprob_at_diff"] == pytest.approx(-0.2) and out[1]["ref_logprob_at_diff"] is None

@@ -64,12 +64,16 @@ def test_overcommitting_baseline_preempts_and_seer_does_not():
 def test_macro_steps_match_exact_steps():
     base = ("--config.workload.num_prompts=10", "--config.workload.max_tokens=1500",
             "--config.cluster.kv_capacity_tokens=10000")
-    exact = sim.simulate(_cfg(*base, "--config.cluster.macro_steps=1"), "seer")
-    macro = sim.simulate(_cfg(*base, "--config.cluster.macro_steps=64"), "seer")
-    assert macro.driver_steps < exact.driver_steps / 5
-    assert macro.report.makespan_s == pytest.approx(exact.report.makespan_s, rel=0.03)
-    assert macro.report.tokens_per_s == pytest.approx(exact.report.tokens_per_s, rel=0.03)
-    assert macro.iterations == pytest.approx(exact.iterations, rel=0.05)
+    # seer reads in-flight progress and refits at chunk events, which macro steps move by up
+    # to a macro step, so its schedule (and step count) may differ a little; the context-free
+    # policies' schedules do not move
+    for policy, rel_iterations in (("seer", 0.07), ("request_fcfs", 0.01), ("oracle_lfs", 0.01)):
+        exact = sim.simulate(_cfg(*base, "--config.cluster.macro_steps=1"), policy)
+        macro = sim.simulate(_cfg(*base, "--config.cluster.macro_steps=64"), policy)
+        assert macro.driver_steps < exact.driver_steps / 5
+        assert macro.report.makespan_s == pytest.approx(exact.report.makespan_s, rel=0.03)
+        assert macro.report.tokens_per_s == pytest.approx(exact.report.tokens_per_s, rel=0.03)
+        assert macro.iterations == pytest.approx(exact.iterations, rel=rel_iterations)
 
 
 def test_grouped_speculation_speeds_up_the_tail():

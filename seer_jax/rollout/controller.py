@@ -262,6 +262,8 @@ class Controller:
         self.progress = progress
         self.stats = ControllerStats()
         self.slots: list[InstanceSlot] = []
+        # request_id -> instance where room is being kept for it (it fit nowhere when popped)
+        self._room_target: dict[str, int] = {}
         for inst in self.instances:
             ld = inst.load()
             self.slots.append(
@@ -380,12 +382,21 @@ class Controller:
                 if not alive:
                     break
                 if kv_adm:
-                    # keep room growing for it: block its pages where the most budget is free
-                    target = max(alive, key=lambda s: (s.free_pages, -s.instance_id))
+                    # keep room growing for it: block its pages on one instance, the same one
+                    # every round until it runs (chosen where the most budget was free); a
+                    # target that moved with the free budget would let smaller requests take
+                    # the room freed on the last one, round after round
+                    tid = self._room_target.get(req.request_id)
+                    if tid is None or not self.slots[tid].alive:
+                        target = max(alive, key=lambda s: (s.free_pages, -s.instance_id))
+                        self._room_target[req.request_id] = target.instance_id
+                    else:
+                        target = self.slots[tid]
                     target.blocked_pages += self._chunk_pages(req, target)
                 if len(held) >= self.config.dispatch_lookahead:
                     break
                 continue
+            self._room_target.pop(req.request_id, None)
             submitted += 1
         for s in self.slots:
             s.blocked_pages = 0

@@ -9,10 +9,13 @@ Rule (Seer paper §4.2):
 Only instances with room are candidates (`InstanceSlot.fits`): under KV-budget admission the
 pages reserved for chunks already there plus this chunk's worst case (context + chunk budget)
 must fit in the instance's KV pages, and the optional in-flight cap must not be reached.
-Backfill without starvation: when a request fits nowhere, the controller blocks its pages on the
-live instance with the most free budget for the rest of the dispatch round (`blocked_pages`), so
-lower-priority requests fill other holes but cannot keep a large request (a late chunk with a long
-context) out forever.
+Backfill without starvation: when a request fits nowhere, the controller blocks its pages on one
+live instance (`blocked_pages`; the one with the most free budget when it was first held, then the
+same one every dispatch round until it runs), so lower-priority requests fill other holes but
+cannot keep a large request (a late chunk with a long context) out forever. A target re-chosen
+each round would follow the free budget from instance to instance while smaller requests took the
+room freed on the last one (on the Moonlight preset the longest responses waited ~130 s between
+chunks that way).
 When the chosen instance lacks the request's KV the chunk carries its pool handle, so the
 instance pulls the KV from the pool (re-prefill only if the pool evicted it).
 """
