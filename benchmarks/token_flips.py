@@ -82,7 +82,7 @@ def main(argv=None) -> int:
                           "top2_here": [int(order[0]), int(order[1])]})
     rng = np.random.default_rng(0)
     identical = [(rid, t[next(iter(t))]) for rid, t in by_req.items() if len({tuple(v) for v in t.values()}) == 1]
-    for k in range(min(args.baseline_positions, len(identical))):
+    for _ in range(min(args.baseline_positions, len(identical))):
         rid, toks = identical[rng.integers(len(identical))]
         pos = int(rng.integers(len(toks)))
         z = np.sort(scores(rid, toks[:pos], pos))
