@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import gzip
 import json
 import sys
 
@@ -46,7 +47,8 @@ def main(argv=None) -> int:
     if c.temperature != 1.0 or c.top_p != 1.0 or c.top_k != 0:
         raise SystemExit("token_flips.py handles temperature 1.0 without top-p/top-k filtering only")
     by_req: dict[str, dict[str, list[int]]] = collections.defaultdict(dict)
-    with open(args.tokens) as f:
+    opener = gzip.open if args.tokens.endswith(".gz") else open
+    with opener(args.tokens, "rt") as f:
         for line in f:
             o = json.loads(line)
             by_req[o["request_id"]][o["policy"]] = o["token_ids"]
