@@ -95,6 +95,9 @@ def test_fit_recovers_parameters_from_censored_snapshot():
     assert naive < true.mu - 0.5
 
 
+# The fitted ICC is unbiased but noisy at 200 groups of 8: over 12 seeds its error is -0.012
+# +- 0.044 at tau 0.375, sigma 0.5 (-0.003 +- 0.033 at 0.3/0.9, -0.004 +- 0.011 at 1.0/0.3).
+# The 0.12 tolerance is ~2.7 sd there, so fixed (derandomized) examples keep the test stable.
 @settings(max_examples=10, deadline=None, derandomize=True)
 @given(st.floats(0.3, 1.2), st.floats(0.2, 0.9), st.integers(0, 10_000))
 def test_fit_recovers_icc(tau, sigma, seed):
