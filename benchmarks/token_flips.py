@@ -57,7 +57,12 @@ def main(argv=None) -> int:
 
     def scores(rid: str, prefix: list[int], pos: int):
         gi, j = (int(x) for x in rid[1:].split("/"))
-        logits = full_forward(params, cfg, np.asarray([list(prompts[gi]) + prefix], np.int32))[0, -1]
+        seq = list(prompts[gi]) + prefix
+        # right-pad to a multiple of 128 (causal: the last real position is unaffected) so the
+        # jitted forward compiles once per bucket, not once per sequence length
+        padded = np.zeros((1, -(-len(seq) // 128) * 128), np.int32)
+        padded[0, : len(seq)] = seq
+        logits = full_forward(params, cfg, padded)[0, len(seq) - 1]
         logp = jax.nn.log_softmax(logits.astype(jnp.float32))
         key = request_keys(jnp.asarray([request_seed(c.seed, gi, j)]), jnp.asarray([pos]))[0]
         g = jax.random.gumbel(key, logp.shape, logp.dtype)
