@@ -56,7 +56,8 @@ def drain(p) -> list[str]:
 
 
 def test_registry_names_and_unknown_policy():
-    assert set(POLICIES) == {"seer", "group_round_robin", "request_fcfs", "oracle_lfs"}
+    assert set(POLICIES) == {"seer", "group_round_robin", "request_fcfs", "oracle_lfs",
+                             "oracle_group_lfs"}
     with pytest.raises(ConfigError) as e:
         make_policy("lifo")
     assert "lifo" in str(e.value) and "seer" in str(e.value)
@@ -229,8 +230,23 @@ def test_oracle_lfs_needs_lengths():
         make_policy("oracle_lfs").bind(groups, {"oracle_lengths": {"g0/0": 3}})
 
 
+def test_oracle_group_lfs_knows_each_groups_longest_response_not_which_sibling():
+    groups = make_groups(2, 3)
+    lengths = {"g0/0": 50, "g0/1": 900, "g0/2": 40, "g1/0": 600, "g1/1": 500, "g1/2": 550}
+    p = bound("oracle_group_lfs", groups, oracle_lengths=lengths)
+    # g0's longest is 900 > g1's 600: all of g0 first, in arrival order (it cannot tell that
+    # g0/1 is the long one), then g1
+    first = p.pop()
+    assert first.request_id == "g0/0"
+    assert p.estimate_remaining(first) == 900
+    run_chunk(p, first, 400, finished=False)  # 500 left of g0's 900: now below g1's 600
+    assert drain(p) == ["g0/1", "g0/2", "g1/0", "g1/1", "g1/2", "g0/0"]
+    with pytest.raises(ConfigError, match="oracle_lengths"):
+        make_policy("oracle_group_lfs").bind(groups, {"oracle_lengths": None})
+
+
 def test_policy_flags():
     assert POLICIES["group_round_robin"].divided is False
     assert POLICIES["group_round_robin"].kv_admission is False
-    for name in ("seer", "request_fcfs", "oracle_lfs"):
+    for name in ("seer", "request_fcfs", "oracle_lfs", "oracle_group_lfs"):
         assert POLICIES[name].divided and POLICIES[name].kv_admission

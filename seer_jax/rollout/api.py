@@ -20,7 +20,8 @@ import ml_collections
 from seer_jax.errors import ConfigError
 from seer_jax.rollout.types import SamplingParams
 
-ROLLOUT_POLICIES = ("seer", "group_round_robin", "request_fcfs", "oracle_lfs")
+ORACLE_POLICIES = ("oracle_lfs", "oracle_group_lfs")  # need true lengths from an earlier run
+ROLLOUT_POLICIES = ("seer", "group_round_robin", "request_fcfs", "oracle_lfs", "oracle_group_lfs")
 
 
 def default_config() -> ml_collections.ConfigDict:
@@ -164,10 +165,10 @@ def run_rollout(c: ml_collections.ConfigDict,
     kv_capacity = 0
     oracle = None
     for policy in policies:
-        if policy == "oracle_lfs" and oracle is None:
+        if policy in ORACLE_POLICIES and oracle is None:
             first = next(iter(outputs.values()), None)
             if first is None:
-                raise ConfigError("oracle_lfs needs true lengths: list another policy before it in config.compare")
+                raise ConfigError(f"{policy} needs true lengths: list another policy before it in config.compare")
             oracle = {r.request_id: len(r.token_ids) for r in first.results}
         pool = HostKVPool()
         speculators = None
@@ -188,7 +189,7 @@ def run_rollout(c: ml_collections.ConfigDict,
             sampling=sampling, policy=policy, pool=pool, clock=c.clock,
             config={"chunk_size": c.chunk_size, "balance_threshold": c.balance_threshold,
                     "seer_estimator": c.seer_estimator, "seer_quantile": c.seer_quantile},
-            oracle_lengths=oracle if policy == "oracle_lfs" else None,
+            oracle_lengths=oracle if policy in ORACLE_POLICIES else None,
             progress=progress(policy) if progress else None, detokenize=tok.decode)
         step_logs[policy] = [row for inst in instances for row in inst.step_log]
         load = instances[0].load()

@@ -19,7 +19,7 @@ from seer_jax.errors import ConfigError
 from seer_jax.sim import cost_model as cm
 from seer_jax.sim import workloads as wl
 
-KNOWN_POLICIES = ("seer", "group_round_robin", "request_fcfs", "oracle_lfs")
+KNOWN_POLICIES = ("seer", "group_round_robin", "request_fcfs", "oracle_lfs", "oracle_group_lfs")
 
 
 def default_config() -> ml_collections.ConfigDict:
@@ -478,7 +478,7 @@ def simulate(
         prompts, group_size=group_size, max_tokens=-(-int(work.max_tokens) // q),
         instances=instances, policy=policy, config=ctl_cfg,
         pool=pool, group_ids=list(work.group_ids),
-        oracle_lengths=lengths if policy == "oracle_lfs" else None,
+        oracle_lengths=lengths if policy.startswith("oracle_") else None,
     )
     driver = EmulatedClusterDriver(ctl)
     t0 = time.perf_counter()

@@ -8,12 +8,15 @@ from __future__ import annotations
 from seer_jax.errors import ConfigError
 from seer_jax.rollout.policies.base import GroupState, Policy, RequestState
 from seer_jax.rollout.policies.group_round_robin import GroupRoundRobinPolicy
+from seer_jax.rollout.policies.oracle_group_lfs import OracleGroupLFSPolicy
 from seer_jax.rollout.policies.oracle_lfs import OracleLFSPolicy
 from seer_jax.rollout.policies.request_fcfs import RequestFCFSPolicy
 from seer_jax.rollout.policies.seer import SeerPolicy
 
 POLICIES: dict[str, type[Policy]] = {
-    cls.name: cls for cls in (SeerPolicy, GroupRoundRobinPolicy, RequestFCFSPolicy, OracleLFSPolicy)
+    cls.name: cls
+    for cls in (SeerPolicy, GroupRoundRobinPolicy, RequestFCFSPolicy, OracleLFSPolicy,
+                OracleGroupLFSPolicy)
 }
 
 
@@ -29,6 +32,7 @@ __all__ = [
     "POLICIES",
     "GroupRoundRobinPolicy",
     "GroupState",
+    "OracleGroupLFSPolicy",
     "OracleLFSPolicy",
     "Policy",
     "RequestFCFSPolicy",

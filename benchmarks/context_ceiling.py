@@ -1,0 +1,152 @@
+"""How much can group context buy? seer against a scheduler that knows every group's longest
+response (`oracle_group_lfs`), in the simulator.
+
+`oracle_group_lfs` orders requests by their group's *true* longest length minus what they have
+generated: what a perfect group-context length estimator would give seer's LFS rule. It cannot
+tell which sibling is the long one. So on one workload:
+
+- request_fcfs -> oracle_group_lfs: the most that context-aware scheduling from group lengths
+  can gain over divided rollout without context;
+- oracle_group_lfs -> oracle_lfs: what only per-request knowledge buys (no group estimator can);
+- `group_context_captured` = (seer - request_fcfs) / (oracle_group_lfs - request_fcfs): the share
+  of the available group-context gain seer's online estimator realizes (tokens/s).
+
+Workloads: the length traces of the issue-scale engine rollouts (`benchmarks/rollout.py`, both
+prompt mixes, replayed on simulated instances calibrated like those runs: same instance count,
+batch and KV limits, chunk size, H100 roofline, read from the runs' reports; the cross-check puts the simulator within ~2% of
+such runs), and the Moonlight-shaped preset over `--seeds` workload draws.
+
+    .venv/bin/python benchmarks/context_ceiling.py [--json out.json] [--seeds 0,1,2,3]
+        [--skip-moonlight]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import sys
+import time
+
+import ml_collections
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from seer_jax.config_files import load_config_file  # noqa: E402
+from seer_jax.sim import simulator as sim  # noqa: E402
+from seer_jax.sim.cost_model import get_model  # noqa: E402
+
+POLICIES = ["group_round_robin", "request_fcfs", "seer", "oracle_group_lfs", "oracle_lfs"]
+RESULTS = ROOT / "benchmarks" / "results" / "rollout_issue_scale"
+# mix -> (length trace, the report whose config the engines ran with)
+TRACES = {
+    "structured": (RESULTS / "structured_trace.jsonl", RESULTS / "structured_fcfs_seer_oracle.json"),
+    "natural": (RESULTS / "natural_trace.jsonl", RESULTS / "natural.json"),
+}
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+def kv_capacity_tokens(rollout_cfg) -> int:
+    """KV tokens per instance of the engines a rollout config builds (as `Engine` sizes them)."""
+    e = rollout_cfg.engine
+    if e.num_pages:
+        return int(e.num_pages) * int(e.page_size)
+    m = get_model(rollout_cfg.cost_model)
+    per_token = m.num_layers * m.kv_elems_per_layer * DTYPE_BYTES[rollout_cfg.dtype]
+    return max(2, int(e.kv_memory_gib * 2**30 // (per_token * e.page_size))) * int(e.page_size)
+
+
+def trace_config(trace: pathlib.Path, rollout_cfg):
+    c = rollout_cfg
+    cfg = sim.calibrated_config(
+        str(trace), None, num_instances=c.num_instances, kv_capacity_tokens=kv_capacity_tokens(c),
+        chunk_size=c.chunk_size, model=c.cost_model, page_size=c.engine.page_size,
+        max_batch_size=c.engine.max_num_seqs, max_prefill_tokens=c.engine.max_num_batched_tokens,
+        balance_threshold=c.balance_threshold, max_tokens=c.max_tokens, accelerator=c.accelerator,
+        chips_per_instance=c.chips_per_instance)
+    cfg.controller.seer_estimator = c.seer_estimator
+    cfg.controller.seer_quantile = c.seer_quantile
+    return cfg
+
+
+def ceiling(summ: dict) -> dict:
+    fcfs, seer = summ["request_fcfs"]["tokens_per_s"], summ["seer"]["tokens_per_s"]
+    group, oracle = summ["oracle_group_lfs"]["tokens_per_s"], summ["oracle_lfs"]["tokens_per_s"]
+    return {
+        "seer_vs_request_fcfs": seer / fcfs,
+        "oracle_group_lfs_vs_request_fcfs": group / fcfs,
+        "oracle_lfs_vs_request_fcfs": oracle / fcfs,
+        "seer_vs_oracle_group_lfs": seer / group,
+        "oracle_group_lfs_vs_oracle_lfs": group / oracle,
+        "group_context_captured": (seer - fcfs) / (group - fcfs) if group > fcfs else None,
+        **{f"{p}_tokens_per_s_ratio_vs_group_round_robin":
+           summ[p]["tokens_per_s_ratio_vs_group_round_robin"] for p in POLICIES},
+    }
+
+
+def print_table(title: str, summ: dict, ceil: dict) -> None:
+    print(f"\n{title}")
+    print(f"{'policy':18s} {'tokens/s':>10s} {'makespan':>9s} {'tail':>8s} {'vs grr':>7s} "
+          f"{'vs fcfs':>8s}")
+    fcfs = summ["request_fcfs"]["tokens_per_s"]
+    for p in POLICIES:
+        r = summ[p]
+        print(f"{p:18s} {r['tokens_per_s']:10,.0f} {r['makespan_s']:9,.3f} {r['tail_s']:8,.3f} "
+              f"{r['tokens_per_s_ratio_vs_group_round_robin']:6.3f}x "
+              f"{r['tokens_per_s'] / fcfs:7.3f}x")
+    cap = ceil["group_context_captured"]
+    print(f"group context available over fcfs: {ceil['oracle_group_lfs_vs_request_fcfs'] - 1:+.1%}; "
+          f"seer realizes {'n/a' if cap is None else f'{cap:.0%}'} of it "
+          f"(seer / oracle_group_lfs {ceil['seer_vs_oracle_group_lfs']:.3f})")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--json", dest="json_path", default=None)
+    ap.add_argument("--seeds", default="0", help="Moonlight workload draws, comma-separated")
+    ap.add_argument("--skip-moonlight", action="store_true")
+    args = ap.parse_args(argv)
+    out: dict = {"summary": {}, "runs": {}}
+    for mix, (trace, report) in TRACES.items():
+        rollout_cfg = ml_collections.ConfigDict(json.loads(report.read_text())["config"])
+        t0 = time.perf_counter()
+        summ = sim.summarize(sim.compare(trace_config(trace, rollout_cfg), POLICIES))
+        ceil = ceiling(summ)
+        print_table(f"{mix} (engine trace {trace.name}, replayed; {time.perf_counter() - t0:.0f} s)",
+                    summ, ceil)
+        out["summary"][mix] = ceil
+        out["runs"][mix] = {p: {k: summ[p][k] for k in ("tokens_per_s", "makespan_s", "tail_s")}
+                            for p in POLICIES}
+    if not args.skip_moonlight:
+        seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
+        per_seed = []
+        for seed in seeds:
+            cfg = load_config_file(str(ROOT / "configs" / "sim" / "moonlight.py"),
+                                   [f"--config.seed={seed}"])
+            t0 = time.perf_counter()
+            summ = sim.summarize(sim.compare(cfg, POLICIES))
+            ceil = ceiling(summ)
+            print_table(f"moonlight preset, seed {seed} ({time.perf_counter() - t0:.0f} s)",
+                        summ, ceil)
+            per_seed.append(ceil)
+            out["runs"][f"moonlight_seed{seed}"] = {
+                p: {k: summ[p][k] for k in ("tokens_per_s", "makespan_s", "tail_s")}
+                for p in POLICIES}
+        keys = [k for k in per_seed[0] if all(c[k] is not None for c in per_seed)]
+        out["summary"]["moonlight"] = {
+            "seeds": seeds,
+            "mean": {k: sum(c[k] for c in per_seed) / len(per_seed) for k in keys},
+            "per_seed": per_seed,
+        }
+        m = out["summary"]["moonlight"]["mean"]
+        print(f"\nmoonlight, mean over seeds {seeds}: seer / fcfs {m['seer_vs_request_fcfs']:.3f}, "
+              f"oracle_group_lfs / fcfs {m['oracle_group_lfs_vs_request_fcfs']:.3f}, "
+              f"oracle_group_lfs / oracle_lfs {m['oracle_group_lfs_vs_oracle_lfs']:.3f}")
+    if args.json_path:
+        pathlib.Path(args.json_path).write_text(json.dumps(out, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

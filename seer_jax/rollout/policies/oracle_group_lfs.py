@@ -1,0 +1,40 @@
+"""`oracle_group_lfs`: longest-group-first with each group's true maximum length (an analysis
+bound, not a deployable policy).
+
+It knows what a perfect *group-context* estimator would know, and no more: every request of a
+group is keyed by the group's true longest response (min(max true length, max_tokens)) minus
+what the request has generated, the paper's L_g - generated rule with L_g exact from the start.
+It does not know which sibling is the long one. Its throughput is the ceiling for any scheduler
+that, like `seer`, orders requests by what their group reveals; the gap between it and
+`oracle_lfs` is what only per-request knowledge buys. Needs `oracle_lengths` like `oracle_lfs`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from seer_jax.rollout.policies.base import GroupState, RequestState
+from seer_jax.rollout.policies.oracle_lfs import OracleLFSPolicy
+
+
+class OracleGroupLFSPolicy(OracleLFSPolicy):
+    name = "oracle_group_lfs"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._group_max: dict[str, int] = {}
+
+    def bind(self, groups: Sequence[GroupState], options: dict[str, Any]) -> None:
+        super().bind(groups, options)
+        self._group_max = {
+            g.group_id: max(self._true[r.request_id] for r in g.requests) for g in groups
+            if g.requests
+        }
+
+    def estimate_remaining(self, req: RequestState) -> int | None:
+        return max(1, self._group_max[req.group.group_id] - req.generated)
+
+    def _push(self, req: RequestState) -> None:
+        remaining = self._group_max[req.group.group_id] - req.generated
+        self._heap.push((-remaining, req.enqueue_seq), req)
