@@ -34,6 +34,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from seer_jax.config_files import load_config_file  # noqa: E402
+from seer_jax.rollout.engine import EngineConfig  # noqa: E402
 from seer_jax.sim import simulator as sim  # noqa: E402
 from seer_jax.sim.cost_model import get_model  # noqa: E402
 
@@ -44,17 +45,15 @@ TRACES = {
     "structured": (RESULTS / "structured_trace.jsonl", RESULTS / "structured_fcfs_seer_oracle.json"),
     "natural": (RESULTS / "natural_trace.jsonl", RESULTS / "natural.json"),
 }
-DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
 def kv_capacity_tokens(rollout_cfg) -> int:
-    """KV tokens per instance of the engines a rollout config builds (as `Engine` sizes them)."""
-    e = rollout_cfg.engine
-    if e.num_pages:
-        return int(e.num_pages) * int(e.page_size)
+    """KV tokens per instance of the engines a rollout config builds (`EngineConfig.kv_pages`,
+    with the KV bytes per token of the config's model and dtype, as `ModelConfig` counts them)."""
+    e = EngineConfig(**rollout_cfg.engine.to_dict())
     m = get_model(rollout_cfg.cost_model)
-    per_token = m.num_layers * m.kv_elems_per_layer * DTYPE_BYTES[rollout_cfg.dtype]
-    return max(2, int(e.kv_memory_gib * 2**30 // (per_token * e.page_size))) * int(e.page_size)
+    itemsize = 4 if rollout_cfg.dtype == "float32" else 2
+    return e.kv_pages(m.num_layers * m.kv_elems_per_layer * itemsize) * e.page_size
 
 
 def trace_config(trace: pathlib.Path, rollout_cfg):
@@ -83,6 +82,10 @@ def ceiling(summ: dict) -> dict:
         **{f"{p}_tokens_per_s_ratio_vs_group_round_robin":
            summ[p]["tokens_per_s_ratio_vs_group_round_robin"] for p in POLICIES},
     }
+
+
+def runs_row(summ: dict) -> dict:
+    return {p: {k: summ[p][k] for k in ("tokens_per_s", "makespan_s", "tail_s")} for p in POLICIES}
 
 
 def print_table(title: str, summ: dict, ceil: dict) -> None:
@@ -116,8 +119,7 @@ def main(argv=None) -> int:
         print_table(f"{mix} (engine trace {trace.name}, replayed; {time.perf_counter() - t0:.0f} s)",
                     summ, ceil)
         out["summary"][mix] = ceil
-        out["runs"][mix] = {p: {k: summ[p][k] for k in ("tokens_per_s", "makespan_s", "tail_s")}
-                            for p in POLICIES}
+        out["runs"][mix] = runs_row(summ)
     if not args.skip_moonlight:
         seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
         per_seed = []
@@ -130,9 +132,7 @@ def main(argv=None) -> int:
             print_table(f"moonlight preset, seed {seed} ({time.perf_counter() - t0:.0f} s)",
                         summ, ceil)
             per_seed.append(ceil)
-            out["runs"][f"moonlight_seed{seed}"] = {
-                p: {k: summ[p][k] for k in ("tokens_per_s", "makespan_s", "tail_s")}
-                for p in POLICIES}
+            out["runs"][f"moonlight_seed{seed}"] = runs_row(summ)
         keys = [k for k in per_seed[0] if all(c[k] is not None for c in per_seed)]
         out["summary"]["moonlight"] = {
             "seeds": seeds,

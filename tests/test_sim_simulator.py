@@ -242,15 +242,16 @@ def test_context_ceiling_replays_the_issue_scale_structured_run_as_the_engines_r
     """benchmarks/context_ceiling.py: the structured engine trace, on simulated instances sized
     from that run's recorded config (0.5 GiB of float32 SmolLM2 KV = 728 pages of 16), gives the
     engines' tokens/s per policy within 5%; the ceiling ratios are consistent."""
+    import importlib.util
     import json
     import pathlib
-    import sys
 
     import ml_collections
 
-    root = pathlib.Path(__file__).resolve().parents[1]
-    sys.path.insert(0, str(root / "benchmarks"))
-    import context_ceiling as cc
+    path = pathlib.Path(__file__).resolve().parents[1] / "benchmarks/context_ceiling.py"
+    spec = importlib.util.spec_from_file_location("bench_context_ceiling", path)
+    cc = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(cc)
 
     trace, report = cc.TRACES["structured"]
     saved = json.loads(report.read_text())

@@ -18,10 +18,10 @@ from collections.abc import Callable, Sequence
 import ml_collections
 
 from seer_jax.errors import ConfigError
+from seer_jax.rollout.policies import POLICIES
 from seer_jax.rollout.types import SamplingParams
 
-ORACLE_POLICIES = ("oracle_lfs", "oracle_group_lfs")  # need true lengths from an earlier run
-ROLLOUT_POLICIES = ("seer", "group_round_robin", "request_fcfs", "oracle_lfs", "oracle_group_lfs")
+ROLLOUT_POLICIES = tuple(POLICIES)
 
 
 def default_config() -> ml_collections.ConfigDict:
@@ -165,7 +165,7 @@ def run_rollout(c: ml_collections.ConfigDict,
     kv_capacity = 0
     oracle = None
     for policy in policies:
-        if policy in ORACLE_POLICIES and oracle is None:
+        if POLICIES[policy].needs_true_lengths and oracle is None:
             first = next(iter(outputs.values()), None)
             if first is None:
                 raise ConfigError(f"{policy} needs true lengths: list another policy before it in config.compare")
@@ -189,7 +189,7 @@ def run_rollout(c: ml_collections.ConfigDict,
             sampling=sampling, policy=policy, pool=pool, clock=c.clock,
             config={"chunk_size": c.chunk_size, "balance_threshold": c.balance_threshold,
                     "seer_estimator": c.seer_estimator, "seer_quantile": c.seer_quantile},
-            oracle_lengths=oracle if policy in ORACLE_POLICIES else None,
+            oracle_lengths=oracle if POLICIES[policy].needs_true_lengths else None,
             progress=progress(policy) if progress else None, detokenize=tok.decode)
         step_logs[policy] = [row for inst in instances for row in inst.step_log]
         load = instances[0].load()

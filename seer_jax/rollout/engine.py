@@ -42,6 +42,11 @@ class EngineConfig:
     max_top_logprobs: int = 0
     speculation: bool = False  # grouped speculative decoding (drafts from the group context)
 
+    def kv_pages(self, kv_bytes_per_token: int) -> int:
+        """KV cache pages: `num_pages`, or as many as `kv_memory_gib` holds (at least 2)."""
+        return self.num_pages or max(
+            2, int(self.kv_memory_gib * 2**30 // (kv_bytes_per_token * self.page_size)))
+
     def validate(self) -> None:
         checks = {
             "page_size": self.page_size >= 1, "num_pages": self.num_pages >= 0,
@@ -153,8 +158,7 @@ class Engine:
         self.clock = clock
         self.eos_ids = tuple(cfg.eos_token_ids if eos_ids is None else eos_ids)
         self.max_model_len = config.max_model_len or cfg.max_position_embeddings
-        num_pages = config.num_pages or max(
-            2, int(config.kv_memory_gib * 2**30 // (cfg.kv_bytes_per_token() * config.page_size)))
+        num_pages = config.kv_pages(cfg.kv_bytes_per_token())
         self.blocks = BlockManager(num_pages, config.page_size)
         self.runner = ModelRunner(cfg, params, num_pages, config.page_size, mesh, config.attention_impl)
         self.waiting: collections.deque[_Seq] = collections.deque()

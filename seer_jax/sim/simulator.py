@@ -16,10 +16,11 @@ import ml_collections
 import numpy as np
 
 from seer_jax.errors import ConfigError
+from seer_jax.rollout.policies import POLICIES
 from seer_jax.sim import cost_model as cm
 from seer_jax.sim import workloads as wl
 
-KNOWN_POLICIES = ("seer", "group_round_robin", "request_fcfs", "oracle_lfs", "oracle_group_lfs")
+KNOWN_POLICIES = tuple(POLICIES)
 
 
 def default_config() -> ml_collections.ConfigDict:
@@ -478,7 +479,7 @@ def simulate(
         prompts, group_size=group_size, max_tokens=-(-int(work.max_tokens) // q),
         instances=instances, policy=policy, config=ctl_cfg,
         pool=pool, group_ids=list(work.group_ids),
-        oracle_lengths=lengths if policy.startswith("oracle_") else None,
+        oracle_lengths=lengths if POLICIES[policy].needs_true_lengths else None,
     )
     driver = EmulatedClusterDriver(ctl)
     t0 = time.perf_counter()

@@ -132,6 +132,7 @@ class Policy(abc.ABC):
     name: ClassVar[str] = ""
     divided: ClassVar[bool] = True
     kv_admission: ClassVar[bool] = True
+    needs_true_lengths: ClassVar[bool] = False  # oracles: bind() needs options["oracle_lengths"]
 
     def __init__(self) -> None:
         self._tokens = 0

@@ -14,27 +14,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from seer_jax.rollout.policies.base import GroupState, RequestState
+from seer_jax.rollout.policies.base import GroupState
 from seer_jax.rollout.policies.oracle_lfs import OracleLFSPolicy
 
 
 class OracleGroupLFSPolicy(OracleLFSPolicy):
     name = "oracle_group_lfs"
 
-    def __init__(self) -> None:
-        super().__init__()
-        self._group_max: dict[str, int] = {}
-
     def bind(self, groups: Sequence[GroupState], options: dict[str, Any]) -> None:
+        # oracle_lfs's rule with every request's true length replaced by its group's longest
         super().bind(groups, options)
-        self._group_max = {
-            g.group_id: max(self._true[r.request_id] for r in g.requests) for g in groups
-            if g.requests
-        }
-
-    def estimate_remaining(self, req: RequestState) -> int | None:
-        return max(1, self._group_max[req.group.group_id] - req.generated)
-
-    def _push(self, req: RequestState) -> None:
-        remaining = self._group_max[req.group.group_id] - req.generated
-        self._heap.push((-remaining, req.enqueue_seq), req)
+        for g in groups:
+            longest = max(self._true[r.request_id] for r in g.requests)
+            self._true.update((r.request_id, longest) for r in g.requests)

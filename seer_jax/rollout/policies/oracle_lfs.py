@@ -18,6 +18,7 @@ class OracleLFSPolicy(Policy):
     name = "oracle_lfs"
     divided = True
     kv_admission = True
+    needs_true_lengths = True
 
     def __init__(self) -> None:
         super().__init__()
