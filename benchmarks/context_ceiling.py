@@ -9,7 +9,11 @@ tell which sibling is the long one. So on one workload:
   can gain over divided rollout without context;
 - oracle_group_lfs -> oracle_lfs: what only per-request knowledge buys (no group estimator can);
 - `group_context_captured` = (seer - request_fcfs) / (oracle_group_lfs - request_fcfs): the share
-  of the available group-context gain seer's online estimator realizes (tokens/s).
+  of the available group-context gain seer's online estimator realizes (tokens/s);
+- `seer_running_oracle` is seer with exact group maxima for started requests only (fresh ones
+  keep seer's estimate): `running_decision_share` = (seer_running_oracle - request_fcfs) /
+  (oracle_group_lfs - request_fcfs) is the share of that gain that lies in ranking the requests
+  already under way.
 
 Workloads: the length traces of the issue-scale engine rollouts (`benchmarks/rollout.py`, both
 prompt mixes, replayed on simulated instances calibrated like those runs: same instance count,
@@ -38,7 +42,8 @@ from seer_jax.rollout.engine import EngineConfig  # noqa: E402
 from seer_jax.sim import simulator as sim  # noqa: E402
 from seer_jax.sim.cost_model import get_model  # noqa: E402
 
-POLICIES = ["group_round_robin", "request_fcfs", "seer", "oracle_group_lfs", "oracle_lfs"]
+POLICIES = ["group_round_robin", "request_fcfs", "seer", "seer_running_oracle", "oracle_group_lfs",
+            "oracle_lfs"]
 RESULTS = ROOT / "benchmarks" / "results" / "rollout_issue_scale"
 # mix -> (length trace, the report whose config the engines ran with)
 TRACES = {
@@ -72,6 +77,7 @@ def trace_config(trace: pathlib.Path, rollout_cfg):
 def ceiling(summ: dict) -> dict:
     fcfs, seer = summ["request_fcfs"]["tokens_per_s"], summ["seer"]["tokens_per_s"]
     group, oracle = summ["oracle_group_lfs"]["tokens_per_s"], summ["oracle_lfs"]["tokens_per_s"]
+    running = summ["seer_running_oracle"]["tokens_per_s"]
     return {
         "seer_vs_request_fcfs": seer / fcfs,
         "oracle_group_lfs_vs_request_fcfs": group / fcfs,
@@ -79,6 +85,8 @@ def ceiling(summ: dict) -> dict:
         "seer_vs_oracle_group_lfs": seer / group,
         "oracle_group_lfs_vs_oracle_lfs": group / oracle,
         "group_context_captured": (seer - fcfs) / (group - fcfs) if group > fcfs else None,
+        "seer_running_oracle_vs_request_fcfs": running / fcfs,
+        "running_decision_share": (running - fcfs) / (group - fcfs) if group > fcfs else None,
         **{f"{p}_tokens_per_s_ratio_vs_group_round_robin":
            summ[p]["tokens_per_s_ratio_vs_group_round_robin"] for p in POLICIES},
     }
@@ -88,20 +96,25 @@ def runs_row(summ: dict) -> dict:
     return {p: {k: summ[p][k] for k in ("tokens_per_s", "makespan_s", "tail_s")} for p in POLICIES}
 
 
+def fmt(share: float | None) -> str:
+    return "n/a" if share is None else f"{share:.0%}"
+
+
 def print_table(title: str, summ: dict, ceil: dict) -> None:
     print(f"\n{title}")
-    print(f"{'policy':18s} {'tokens/s':>10s} {'makespan':>9s} {'tail':>8s} {'vs grr':>7s} "
+    print(f"{'policy':20s} {'tokens/s':>10s} {'makespan':>9s} {'tail':>8s} {'vs grr':>7s} "
           f"{'vs fcfs':>8s}")
     fcfs = summ["request_fcfs"]["tokens_per_s"]
     for p in POLICIES:
         r = summ[p]
-        print(f"{p:18s} {r['tokens_per_s']:10,.0f} {r['makespan_s']:9,.3f} {r['tail_s']:8,.3f} "
+        print(f"{p:20s} {r['tokens_per_s']:10,.0f} {r['makespan_s']:9,.3f} {r['tail_s']:8,.3f} "
               f"{r['tokens_per_s_ratio_vs_group_round_robin']:6.3f}x "
               f"{r['tokens_per_s'] / fcfs:7.3f}x")
     cap = ceil["group_context_captured"]
     print(f"group context available over fcfs: {ceil['oracle_group_lfs_vs_request_fcfs'] - 1:+.1%}; "
-          f"seer realizes {'n/a' if cap is None else f'{cap:.0%}'} of it "
-          f"(seer / oracle_group_lfs {ceil['seer_vs_oracle_group_lfs']:.3f})")
+          f"seer realizes {fmt(cap)} of it "
+          f"(seer / oracle_group_lfs {ceil['seer_vs_oracle_group_lfs']:.3f}); "
+          f"ranking started requests holds {fmt(ceil['running_decision_share'])} of it")
 
 
 def main(argv=None) -> int:
@@ -142,7 +155,8 @@ def main(argv=None) -> int:
         m = out["summary"]["moonlight"]["mean"]
         print(f"\nmoonlight, mean over seeds {seeds}: seer / fcfs {m['seer_vs_request_fcfs']:.3f}, "
               f"oracle_group_lfs / fcfs {m['oracle_group_lfs_vs_request_fcfs']:.3f}, "
-              f"oracle_group_lfs / oracle_lfs {m['oracle_group_lfs_vs_oracle_lfs']:.3f}")
+              f"oracle_group_lfs / oracle_lfs {m['oracle_group_lfs_vs_oracle_lfs']:.3f}, "
+              f"seer_running_oracle / fcfs {m['seer_running_oracle_vs_request_fcfs']:.3f}")
     if args.json_path:
         pathlib.Path(args.json_path).write_text(json.dumps(out, indent=1))
     return 0

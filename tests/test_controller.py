@@ -91,7 +91,8 @@ def test_group_round_robin_pins_each_group_to_one_instance_in_turn():
 
 def test_kv_budget_admission_never_preempts_but_overcommit_does():
     prompts, lengths = workload(12, 8, 1024, seed=4, median=400)
-    for policy in ("seer", "request_fcfs", "oracle_lfs", "oracle_group_lfs"):
+    for policy in ("seer", "request_fcfs", "oracle_lfs", "oracle_group_lfs",
+                   "seer_running_oracle"):
         out, insts, _ = run_policy(policy, prompts, lengths, 8, 1024, n_inst=2, pages=256)
         assert out.report.preemptions == 0
         assert all(i.total_preemptions == 0 and i.peak_used_pages <= 256 for i in insts)

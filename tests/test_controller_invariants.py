@@ -17,7 +17,7 @@ from seer_jax.rollout.kv_pool import HostKVPool
 from seer_jax.rollout.types import ChunkResult
 from seer_jax.sim.instance import expected_output, make_sim_instances
 
-DIVIDED = ("seer", "request_fcfs", "oracle_lfs", "oracle_group_lfs")
+DIVIDED = ("seer", "request_fcfs", "oracle_lfs", "oracle_group_lfs", "seer_running_oracle")
 
 
 @st.composite

@@ -57,7 +57,7 @@ def drain(p) -> list[str]:
 
 def test_registry_names_and_unknown_policy():
     assert set(POLICIES) == {"seer", "group_round_robin", "request_fcfs", "oracle_lfs",
-                             "oracle_group_lfs"}
+                             "oracle_group_lfs", "seer_running_oracle"}
     with pytest.raises(ConfigError) as e:
         make_policy("lifo")
     assert "lifo" in str(e.value) and "seer" in str(e.value)
@@ -245,8 +245,39 @@ def test_oracle_group_lfs_knows_each_groups_longest_response_not_which_sibling()
         make_policy("oracle_group_lfs").bind(groups, {"oracle_lengths": None})
 
 
+def test_seer_running_oracle_keys_started_requests_by_their_groups_true_longest():
+    """Fresh requests are ranked as seer ranks them (posterior quantile); a request that has
+    generated tokens is keyed by its group's true longest length minus what it generated."""
+    lengths = {"g0/0": 100, "g0/1": 120, "g0/2": 900, "g1/0": 300, "g1/1": 350, "g1/2": 320}
+    opts = {"oracle_lengths": lengths, "starvation_pops": 0}
+    gp, gr = make_groups(2, 3), make_groups(2, 3)  # same state, one per policy
+    p = bound("seer_running_oracle", gp, estimator="posterior", **opts)
+    ref = bound("seer", gr, estimator="posterior", **opts)
+
+    def fresh_keys_agree():
+        return all(p.estimate_remaining(a) == ref.estimate_remaining(b)
+                   for ga, gb in zip(gp, gr, strict=True)
+                   for a, b in zip(ga.requests, gb.requests, strict=True) if a.generated == 0)
+
+    assert fresh_keys_agree()
+    for i, n in ((0, 60), (1, 10)):  # the probes of g0, g1 run a chunk each
+        a, b = p.pop(), ref.pop()
+        assert a.request_id == b.request_id == f"g{i}/0"  # probes first, as in seer
+        run_chunk(p, a, n, finished=False)
+        run_chunk(ref, b, n, finished=False)
+    assert p.estimate_remaining(gp[0].requests[0]) == 900 - 60  # g0's longest: g0/2's 900
+    assert p.estimate_remaining(gp[1].requests[0]) == 350 - 10
+    assert ref.estimate_remaining(gr[0].requests[0]) != 900 - 60
+    assert fresh_keys_agree()  # the siblings that have not started keep seer's estimate
+    with pytest.raises(ConfigError, match="oracle_lengths"):
+        make_policy("seer_running_oracle").bind(make_groups(1, 2), {"oracle_lengths": None})
+    with pytest.raises(ConfigError, match="estimator='max_finished' is not supported"):
+        make_policy("seer_running_oracle").bind(
+            make_groups(2, 3), {"oracle_lengths": lengths, "estimator": "max_finished"})
+
+
 def test_policy_flags():
     assert POLICIES["group_round_robin"].divided is False
     assert POLICIES["group_round_robin"].kv_admission is False
-    for name in ("seer", "request_fcfs", "oracle_lfs", "oracle_group_lfs"):
+    for name in ("seer", "request_fcfs", "oracle_lfs", "oracle_group_lfs", "seer_running_oracle"):
         assert POLICIES[name].divided and POLICIES[name].kv_admission

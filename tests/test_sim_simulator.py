@@ -37,7 +37,7 @@ def test_same_config_and_seed_identical_results():
 
 
 @pytest.mark.parametrize("policy", ["seer", "group_round_robin", "request_fcfs", "oracle_lfs",
-                                    "oracle_group_lfs"])
+                                    "oracle_group_lfs", "seer_running_oracle"])
 def test_every_response_completes_with_its_length(policy):
     c = _cfg("--config.workload.num_prompts=12", "--config.cluster.kv_capacity_tokens=12000")
     work = sim.build_workload(c)
@@ -263,7 +263,8 @@ def test_context_ceiling_replays_the_issue_scale_structured_run_as_the_engines_r
         emu = saved["reports"][pol]["summary"]["tokens_per_s"]
         assert pred[pol]["tokens_per_s"] == pytest.approx(emu, rel=0.05), pol
     fake = {p: {"tokens_per_s": v, "tokens_per_s_ratio_vs_group_round_robin": v / 50.0}
-            for p, v in zip(cc.POLICIES, (50.0, 100.0, 103.0, 110.0, 120.0), strict=True)}
+            for p, v in zip(cc.POLICIES, (50.0, 100.0, 103.0, 108.0, 110.0, 120.0), strict=True)}
     c = cc.ceiling(fake)
     assert c["group_context_captured"] == pytest.approx(0.3)
+    assert c["running_decision_share"] == pytest.approx(0.8)
     assert c["oracle_group_lfs_vs_oracle_lfs"] == pytest.approx(110 / 120)

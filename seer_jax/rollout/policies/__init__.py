@@ -12,11 +12,12 @@ from seer_jax.rollout.policies.oracle_group_lfs import OracleGroupLFSPolicy
 from seer_jax.rollout.policies.oracle_lfs import OracleLFSPolicy
 from seer_jax.rollout.policies.request_fcfs import RequestFCFSPolicy
 from seer_jax.rollout.policies.seer import SeerPolicy
+from seer_jax.rollout.policies.seer_running_oracle import SeerRunningOraclePolicy
 
 POLICIES: dict[str, type[Policy]] = {
     cls.name: cls
     for cls in (SeerPolicy, GroupRoundRobinPolicy, RequestFCFSPolicy, OracleLFSPolicy,
-                OracleGroupLFSPolicy)
+                OracleGroupLFSPolicy, SeerRunningOraclePolicy)
 }
 
 
@@ -38,5 +39,6 @@ __all__ = [
     "RequestFCFSPolicy",
     "RequestState",
     "SeerPolicy",
+    "SeerRunningOraclePolicy",
     "make_policy",
 ]

@@ -14,6 +14,25 @@ from seer_jax.errors import ConfigError
 from seer_jax.rollout.policies.base import GroupState, LazyHeap, Policy, RequestState
 
 
+def true_lengths(policy: str, requests: Sequence[RequestState],
+                 options: dict[str, Any]) -> dict[str, int]:
+    """request_id -> true output length (at most its max_tokens) from options["oracle_lengths"];
+    ConfigError naming `policy` when they are absent or miss a request."""
+    lengths: Mapping[str, int] | None = options.get("oracle_lengths")
+    if lengths is None:
+        raise ConfigError(
+            f"policy {policy!r} needs oracle_lengths (request_id -> true output length, from "
+            "a previous run or a trace); got None"
+        )
+    missing = [r.request_id for r in requests if r.request_id not in lengths]
+    if missing:
+        raise ConfigError(
+            f"oracle_lengths has no length for {len(missing)} request(s), e.g. {missing[:3]}; "
+            "request ids are '<group_id>/<sample_index>'"
+        )
+    return {r.request_id: min(int(lengths[r.request_id]), r.max_tokens) for r in requests}
+
+
 class OracleLFSPolicy(Policy):
     name = "oracle_lfs"
     divided = True
@@ -27,19 +46,7 @@ class OracleLFSPolicy(Policy):
 
     def bind(self, groups: Sequence[GroupState], options: dict[str, Any]) -> None:
         super().bind(groups, options)
-        lengths: Mapping[str, int] | None = options.get("oracle_lengths")
-        if lengths is None:
-            raise ConfigError(
-                "policy 'oracle_lfs' needs oracle_lengths (request_id -> true output length, from "
-                "a previous run or a trace); got None"
-            )
-        missing = [r.request_id for r in self.requests if r.request_id not in lengths]
-        if missing:
-            raise ConfigError(
-                f"oracle_lengths has no length for {len(missing)} request(s), e.g. {missing[:3]}; "
-                "request ids are '<group_id>/<sample_index>'"
-            )
-        self._true = {r.request_id: min(int(lengths[r.request_id]), r.max_tokens) for r in self.requests}
+        self._true = true_lengths(self.name, self.requests, options)
 
     def estimate_remaining(self, req: RequestState) -> int | None:
         return max(1, self._true[req.request_id] - req.generated)
