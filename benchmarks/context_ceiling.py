@@ -78,15 +78,19 @@ def ceiling(summ: dict) -> dict:
     fcfs, seer = summ["request_fcfs"]["tokens_per_s"], summ["seer"]["tokens_per_s"]
     group, oracle = summ["oracle_group_lfs"]["tokens_per_s"], summ["oracle_lfs"]["tokens_per_s"]
     running = summ["seer_running_oracle"]["tokens_per_s"]
+
+    def share(x: float) -> float | None:  # of the gain oracle_group_lfs has over fcfs
+        return (x - fcfs) / (group - fcfs) if group > fcfs else None
+
     return {
         "seer_vs_request_fcfs": seer / fcfs,
         "oracle_group_lfs_vs_request_fcfs": group / fcfs,
         "oracle_lfs_vs_request_fcfs": oracle / fcfs,
         "seer_vs_oracle_group_lfs": seer / group,
         "oracle_group_lfs_vs_oracle_lfs": group / oracle,
-        "group_context_captured": (seer - fcfs) / (group - fcfs) if group > fcfs else None,
+        "group_context_captured": share(seer),
         "seer_running_oracle_vs_request_fcfs": running / fcfs,
-        "running_decision_share": (running - fcfs) / (group - fcfs) if group > fcfs else None,
+        "running_decision_share": share(running),
         **{f"{p}_tokens_per_s_ratio_vs_group_round_robin":
            summ[p]["tokens_per_s_ratio_vs_group_round_robin"] for p in POLICIES},
     }

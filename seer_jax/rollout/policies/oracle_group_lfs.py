@@ -11,11 +11,16 @@ that, like `seer`, orders requests by what their group reveals; the gap between 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from seer_jax.rollout.policies.base import GroupState
 from seer_jax.rollout.policies.oracle_lfs import OracleLFSPolicy
+
+
+def group_longest(groups: Sequence[GroupState], true: Mapping[str, int]) -> dict[str, int]:
+    """group_id -> the longest of its requests' true lengths (`true`: request_id -> length)."""
+    return {g.group_id: max(true[r.request_id] for r in g.requests) for g in groups}
 
 
 class OracleGroupLFSPolicy(OracleLFSPolicy):
@@ -24,6 +29,5 @@ class OracleGroupLFSPolicy(OracleLFSPolicy):
     def bind(self, groups: Sequence[GroupState], options: dict[str, Any]) -> None:
         # oracle_lfs's rule with every request's true length replaced by its group's longest
         super().bind(groups, options)
-        for g in groups:
-            longest = max(self._true[r.request_id] for r in g.requests)
-            self._true.update((r.request_id, longest) for r in g.requests)
+        longest = group_longest(groups, self._true)
+        self._true = {r.request_id: longest[r.group_id] for r in self.requests}

@@ -17,6 +17,7 @@ from typing import Any
 
 from seer_jax.errors import ConfigError
 from seer_jax.rollout.policies.base import GroupState
+from seer_jax.rollout.policies.oracle_group_lfs import group_longest
 from seer_jax.rollout.policies.oracle_lfs import true_lengths
 from seer_jax.rollout.policies.seer import SeerPolicy
 
@@ -30,15 +31,13 @@ class SeerRunningOraclePolicy(SeerPolicy):
         self._group_max: dict[str, int] = {}  # group_id -> true longest length (<= max_tokens)
 
     def bind(self, groups: Sequence[GroupState], options: dict[str, Any]) -> None:
-        est = options.get("estimator") or "posterior"
-        if est != "posterior":
-            raise ConfigError(
-                f"policy 'seer_running_oracle' replaces the posterior estimate of started "
-                f"requests; estimator={est!r} is not supported (use 'posterior')")
         true = true_lengths(self.name, [r for g in groups for r in g.requests], options)
-        self._group_max = {g.group_id: max(true[r.request_id] for r in g.requests)
-                           for g in groups}
+        self._group_max = group_longest(groups, true)  # before seer's bind keys the groups
         super().bind(groups, options)
+        if self.estimator != "posterior":
+            raise ConfigError(
+                "policy 'seer_running_oracle' replaces the posterior estimate of started "
+                f"requests; estimator={self.estimator!r} is not supported (use 'posterior')")
 
     def _update_group(self, g: GroupState) -> None:
         super()._update_group(g)
