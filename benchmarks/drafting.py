@@ -36,7 +36,9 @@ import time
 
 from seer_jax.rollout.drafting import BudgetConfig, DraftConfig, SpeculationBudget
 from seer_jax.rollout.drafting.replay import (
+    RATES,
     ArcticDrafter,
+    CopyOracleDrafter,
     OursDrafter,
     load_rollouts_jsonl,
     replay,
@@ -105,6 +107,17 @@ def run_modes(groups, args) -> dict[str, dict]:
     return out
 
 
+def run_bounds(groups, args) -> dict[str, dict]:
+    """The copy bound (`CopyOracleDrafter`) of the request's own context and of the group's, on
+    the same replay: what any copy-based drafter could get accepted at most, per step."""
+    kw = dict(depth=args.gamma, match_len=args.copy_match_len)
+    return {
+        name: replay(groups, lambda g, sib=sib: CopyOracleDrafter(g, sib, **kw),
+                     stagger=args.stagger, seed=args.seed).summary()
+        for name, sib in (("per_request", False), ("group", True))
+    }
+
+
 def print_table(title: str, res: dict[str, dict]) -> None:
     print(f"\n[{title}]")
     print(f"{'mode':<22} {'acc/spec':>9} {'acc/step':>9} {'draft/spec':>10} {'accept%':>8} "
@@ -114,6 +127,13 @@ def print_table(title: str, res: dict[str, dict]) -> None:
               f"{s['draft_tokens_per_spec']:>10.2f} {100 * s['acceptance_rate']:>7.1f}% "
               f"{100 * s['spec_fraction']:>5.1f}% {s['accepted_per_step_by_quarter'][3]:>13.3f} "
               f"{s['us_per_speculate']:>8.1f}")
+    rates = list(next(iter(res.values()))["accepted_per_spec_at_rate"])
+    print("accepted/spec when speculating on the top share of steps by the drafter's own score:")
+    print(f"{'mode':<22} " + " ".join(f"{'top ' + r:>9}" for r in rates))
+    for name, s in res.items():
+        vals = s["accepted_per_spec_at_rate"]
+        print(f"{name:<22} " + " ".join(
+            f"{'-':>9}" if vals[r] is None else f"{vals[r]:>9.3f}" for r in rates))
 
 
 def main(argv=None) -> int:
@@ -146,6 +166,8 @@ def main(argv=None) -> int:
                     help="ours: cap draft depth at factor x match length (default: no cap)")
     ap.add_argument("--arctic-spec-factor", type=float, default=1.0,
                     help="arctic's max_spec_factor (its default 1.0)")
+    ap.add_argument("--copy-match-len", type=int, default=1,
+                    help="copy bound: the continuation must follow the request's last N tokens")
     ap.add_argument("--stagger", type=int, default=0, help="max random start offset (steps)")
     ap.add_argument("--no-arctic", action="store_true")
     ap.add_argument("--profile", help="step-time profile JSON for the tail model")
@@ -178,12 +200,18 @@ def main(argv=None) -> int:
     report = {"config": vars(args), "datasets": {}}
     for name, groups in datasets.items():
         res = run_modes(groups, args)
+        bounds = run_bounds(groups, args)
         budget = SpeculationBudget.from_profile_json(args.profile, BudgetConfig(gamma_max=args.gamma))
         tail = simulate_tail(groups, budget, draft_config(args), tail_fraction=args.tail_fraction)
         n_tok = sum(len(r) for g in groups for r in g.responses)
         report["datasets"][name] = {"groups": len(groups), "responses": sum(len(g.responses) for g in groups),
-                                    "tokens": n_tok, "modes": res, "tail": tail}
+                                    "tokens": n_tok, "modes": res, "copy_bound": bounds,
+                                    "tail": tail}
         print_table(f"{name}: {len(groups)} groups, {n_tok} tokens", res)
+        cb = {k: v["accepted_per_step"] - 1.0 for k, v in bounds.items()}
+        print(f"copy bound (best occurrence in hindsight, after the last {args.copy_match_len} "
+              f"token(s)), accepted draft tokens/step: own context {cb['per_request']:.3f}, "
+              f"group context {cb['group']:.3f} ({cb['group'] / max(cb['per_request'], 1e-9):.2f}x)")
         print(f"tail ({args.tail_fraction:.0%} of each response, all requests in one batch): "
               f"steps {tail['steps_spec']} vs {tail['steps_plain']} plain, modelled time "
               f"{tail['time_spec_s']:.3f}s vs {tail['time_plain_s']:.3f}s -> speedup "
@@ -209,6 +237,15 @@ def main(argv=None) -> int:
         s["best_group_accepted_draft_per_step_ratio_vs_per_request"] = (
             max(drafted["group"], drafted["group_multipath"])
             / max(drafted["per_request"], drafted["per_request_multipath"], 1e-9))
+        # at equal speculation rates (each drafter keeps the steps it scores highest)
+        at = {k: m[k]["accepted_per_spec_at_rate"] for k in drafted}
+        s["best_group_accepted_per_spec_ratio_vs_per_request_at_rate"] = {
+            r: (max(at["group"][r] or 0.0, at["group_multipath"][r] or 0.0)
+                / max(at["per_request"][r] or 0.0, at["per_request_multipath"][r] or 0.0, 1e-9))
+            for r in (f"{x:g}" for x in RATES)}
+        cb = {k: v["accepted_per_step"] - 1.0 for k, v in d["copy_bound"].items()}
+        s["copy_bound_accepted_draft_per_step"] = cb
+        s["copy_bound_group_ratio_vs_per_request"] = cb["group"] / max(cb["per_request"], 1e-9)
         if "arctic" in m:
             s["best_group_accepted_per_spec_ratio_vs_arctic"] = (
                 best_group / max(m["arctic"]["accepted_per_spec"], 1e-9))

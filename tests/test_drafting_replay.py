@@ -12,6 +12,7 @@ from seer_jax.errors import InputError
 from seer_jax.rollout.drafting import BudgetConfig, DraftConfig, SpeculationBudget
 from seer_jax.rollout.drafting.replay import (
     ArcticDrafter,
+    CopyOracleDrafter,
     GroupRollout,
     OursDrafter,
     ReplayStats,
@@ -52,6 +53,47 @@ def test_group_modes_beat_per_request_on_shared_phrases():
     assert grp["accepted_per_spec"] > 2 * per["accepted_per_spec"]
     assert tree["accepted_per_step"] >= grp["accepted_per_step"]
     assert tree["draft_tokens_per_spec"] > grp["draft_tokens_per_spec"]
+
+
+def test_copy_bound_is_the_longest_copyable_continuation():
+    # r1 starts when r0 has finished: its continuation 5 6 7 follows the prompt's last token in
+    # r0's text (group context), never in its own (prompt only)
+    g = GroupRollout("g", [1, 2], [[5, 6, 7, 8], [5, 6, 7, 9]])
+    grp, own = ReplayStats(), ReplayStats()
+    replay_group(g, CopyOracleDrafter(g, siblings=True), grp, stagger=[0, 4])
+    replay_group(g, CopyOracleDrafter(g, siblings=False), own, stagger=[0, 4])
+    assert grp.accepts == [0, 0, 0, 0, 3, 2, 1, 0]  # r0's 4 steps, then r1's
+    assert own.accepts == [0] * 8
+    # match_len 0: anywhere in the context; depth caps the copy
+    anywhere = ReplayStats()
+    replay_group(g, CopyOracleDrafter(g, siblings=True, depth=2, match_len=0), anywhere,
+                 stagger=[0, 4])
+    assert anywhere.accepts == [0, 0, 0, 0, 2, 2, 1, 0]
+    with pytest.raises(InputError, match="depth >= 1"):
+        CopyOracleDrafter(g, siblings=True, depth=0)
+
+
+@pytest.mark.parametrize("mix", ["natural", "structured"])
+def test_suffix_drafts_never_beat_the_copy_bound_at_any_step(mix):
+    """Every path of our drafts continues a match of length >= 1, so at each step what it gets
+    accepted is at most the copy bound of the same context (own or group)."""
+    groups = synthetic_groups(3, 5, 80, mix=mix, seed=7)
+    for mode, siblings in (("per_request", False), ("group", True)):
+        bound = replay(groups, lambda g, sib=siblings: CopyOracleDrafter(g, sib, depth=8))
+        assert bound.accepted > 0
+        for nodes, width in ((8, 1), (16, 4)):
+            ours = replay(groups, OursDrafter.factory(DraftConfig(mode=mode, min_prob=0.0),
+                                                      nodes, 8, width))
+            assert all(a <= b for a, b in zip(ours.accepts, bound.accepts, strict=True)), mode
+            assert ours.accepted <= bound.accepted
+
+
+def test_accepted_per_spec_at_rates_ranks_steps_by_the_drafters_own_score():
+    st = ReplayStats(steps=10, specs=6, scores=[0.0, 3.0, 1.0, 0.5, 2.0, 0.0, 0.2, 0.1, 0.0, 0.0],
+                     accepts=[0, 2, 0, 1, 3, 0, 0, 0, 0, 0])
+    at = st.accepted_per_spec_at_rates((0.1, 0.2, 0.3, 0.5, 0.7))
+    # top 1: score 3 (2 accepted); top 2: + score 2 (3); top 3: + score 1 (0); top 5: + 0.5, 0.2
+    assert at == {"0.1": 2.0, "0.2": 2.5, "0.3": pytest.approx(5 / 3), "0.5": 6 / 5, "0.7": None}
 
 
 def test_rollouts_jsonl_roundtrip_and_errors(tmp_path):
@@ -123,3 +165,11 @@ def test_benchmark_script_writes_summary(tmp_path):
     assert acc["group"] > acc["per_request"]
     assert rep["summary"]["tail_speedup"] > 0
     assert rep["summary"]["best_group_accepted_per_spec_ratio_vs_per_request"] > 1
+    cb = rep["summary"]["copy_bound_accepted_draft_per_step"]
+    assert cb["group"] >= cb["per_request"] > 0
+    # each mode's accepted draft tokens per step stay under its context's copy bound
+    step = rep["summary"]["accepted_per_step"]
+    assert step["group_multipath"] - 1 <= cb["group"]
+    assert step["per_request_multipath"] - 1 <= cb["per_request"]
+    assert set(rep["summary"]["best_group_accepted_per_spec_ratio_vs_per_request_at_rate"]) == {
+        "0.1", "0.2", "0.3", "0.5"}

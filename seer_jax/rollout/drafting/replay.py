@@ -27,6 +27,8 @@ from seer_jax.errors import InputError
 from seer_jax.rollout.drafting.context import DraftConfig, GroupDraftContext
 from seer_jax.rollout.drafting.draft import Draft
 
+RATES = (0.1, 0.2, 0.3, 0.5)  # speculation rates of `ReplayStats.accepted_per_spec_at_rates`
+
 
 @dataclasses.dataclass
 class GroupRollout:
@@ -144,6 +146,52 @@ class ArcticDrafter:
                      np.asarray(d.probs, np.float32), int(d.match_len))
 
 
+class CopyOracleDrafter:
+    """A bound, not a drafter: it knows each request's recorded continuation and drafts the
+    longest prefix of it (at most `depth` tokens) that its context holds right after an occurrence
+    of the request's last `match_len` tokens (anywhere when 0). That is what a copy-based drafter
+    (suffix tree, automaton, n-gram cache) could get accepted at that step if it picked the best
+    occurrence in hindsight. `siblings=False`: the context is the prompt and the request's own
+    output; True: the prompt and every response of the group so far (its own included)."""
+
+    def __init__(self, group: GroupRollout, siblings: bool, depth: int = 8,
+                 match_len: int = 1) -> None:
+        if depth < 1 or match_len < 0:
+            raise InputError(f"copy bound needs depth >= 1 and match_len >= 0, got {depth}, "
+                             f"{match_len}")
+        self._resp = group.responses
+        self._prompt_len = len(group.prompt_ids)
+        self._depth, self._match = depth, match_len
+        self._n = match_len + depth  # longest n-gram a query asks about
+        prompt = list(group.prompt_ids)
+        base: set[tuple[int, ...]] = set()
+        for end in range(1, len(prompt) + 1):
+            self._add(base, prompt, end)
+        n = len(group.responses)
+        self._seqs = [list(prompt) for _ in range(n)]
+        self._sets = [base] * n if siblings else [set(base) for _ in range(n)]
+
+    def _add(self, grams: set, seq: list[int], end: int) -> None:
+        """The n-grams of `seq` that end at position end - 1, n = 1 .. match_len + depth."""
+        for k in range(1, min(self._n, end) + 1):
+            grams.add(tuple(seq[end - k : end]))
+
+    def append(self, request: int, token: int) -> None:
+        seq = self._seqs[request]
+        seq.append(token)
+        self._add(self._sets[request], seq, len(seq))
+
+    def speculate(self, request: int, context: list[int]) -> Draft:
+        grams = self._sets[request]
+        pos = len(context) - self._prompt_len
+        future = self._resp[request][pos : pos + self._depth]
+        head = tuple(context[len(context) - self._match :]) if self._match else ()
+        k = 0
+        while k < len(future) and head + tuple(future[: k + 1]) in grams:
+            k += 1
+        return Draft.chain(future[:k]) if k else Draft.empty()
+
+
 @dataclasses.dataclass
 class ReplayStats:
     steps: int = 0  # (request, step) events
@@ -154,6 +202,23 @@ class ReplayStats:
     append_seconds: float = 0.0
     accepted_by_phase: list[int] = dataclasses.field(default_factory=lambda: [0, 0, 0, 0])
     steps_by_phase: list[int] = dataclasses.field(default_factory=lambda: [0, 0, 0, 0])
+    # per step: the draft's score (expected accepted length, Σ path probabilities; 0 without a
+    # draft) and the draft tokens accepted
+    scores: list[float] = dataclasses.field(default_factory=list)
+    accepts: list[int] = dataclasses.field(default_factory=list)
+
+    def accepted_per_spec_at_rates(self, rates: Sequence[float] = RATES) -> dict[str, float | None]:
+        """Accepted draft tokens per speculation had the drafter speculated only on the `rate`
+        share of steps where its own score was highest (ties: earlier steps first). Accepted per
+        speculation alone rewards drafting less often; at one rate two drafters are compared on
+        equal terms. None where the drafter drafted on fewer steps than the rate asks for."""
+        order = np.argsort(-np.asarray(self.scores, np.float64), kind="stable")
+        acc = np.asarray(self.accepts, np.float64)[order]
+        out: dict[str, float | None] = {}
+        for r in rates:
+            k = int(round(r * len(order)))
+            out[f"{r:g}"] = float(acc[:k].mean()) if 0 < k <= self.specs else None
+        return out
 
     def summary(self) -> dict:
         s = max(self.specs, 1)
@@ -172,6 +237,7 @@ class ReplayStats:
                 (a + n) / max(n, 1)
                 for a, n in zip(self.accepted_by_phase, self.steps_by_phase, strict=True)
             ],
+            "accepted_per_spec_at_rate": self.accepted_per_spec_at_rates(),
         }
 
 
@@ -195,6 +261,8 @@ def replay_group(group: GroupRollout, drafter: GroupDrafter, stats: ReplayStats,
             phase = min(4 * pos // max(len(resp[i]), 1), 3)
             stats.steps += 1
             stats.steps_by_phase[phase] += 1
+            stats.scores.append(float(d.probs.sum()) if len(d) else 0.0)
+            stats.accepts.append(acc)
             if len(d):
                 stats.specs += 1
                 stats.proposed += len(d)
