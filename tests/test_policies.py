@@ -57,7 +57,7 @@ def drain(p) -> list[str]:
 
 def test_registry_names_and_unknown_policy():
     assert set(POLICIES) == {"seer", "group_round_robin", "request_fcfs", "oracle_lfs",
-                             "oracle_group_lfs", "seer_running_oracle"}
+                             "oracle_group_lfs", "seer_running_oracle", "seer_prompt_oracle"}
     with pytest.raises(ConfigError) as e:
         make_policy("lifo")
     assert "lifo" in str(e.value) and "seer" in str(e.value)
@@ -276,8 +276,60 @@ def test_seer_running_oracle_keys_started_requests_by_their_groups_true_longest(
             make_groups(2, 3), {"oracle_lengths": lengths, "estimator": "max_finished"})
 
 
+def test_lognormal_remaining_quantile_matches_scipy():
+    import math
+
+    from scipy.stats import lognorm
+
+    from seer_jax.rollout.policies.seer_prompt_oracle import lognormal_remaining_quantile as rq
+
+    m, s, cap = math.log(800.0), 0.7, 65536
+    d = lognorm(s, scale=math.exp(m))
+    for n, q in ((0, 0.5), (0, 0.995), (300, 0.9), (2000, 0.995), (5000, 0.5)):
+        sn = d.sf(n + 0.5) if n else 1.0
+        want = d.isf((1 - q) * sn) - n  # P(L > n + x | L > n) = 1 - q
+        assert rq(m, s, n, q, cap) == pytest.approx(want, rel=1e-6), (n, q)
+    # capped at max_tokens - generated; at least 1; sd 0 is a point mass
+    assert rq(math.log(1e6), s, 100, 0.995, cap) == cap - 100
+    assert rq(m, s, 60000, 0.995, cap) == cap - 60000
+    assert rq(m, 0.0, 900, 0.5, cap) == 1.0 and rq(m, 0.0, 300, 0.5, cap) == pytest.approx(500)
+
+
+def test_seer_prompt_oracle_ranks_by_the_true_length_distributions():
+    """seer's rule (probes first, then the largest remaining-length quantile) with each group's
+    generating distribution in place of the fitted model: a long prompt's requests go first, and
+    a started request is keyed by its conditional quantile."""
+    import math
+
+    from seer_jax.rollout.policies.seer_prompt_oracle import lognormal_remaining_quantile as rq
+
+    dists = {"g0": (math.log(50.0), 0.3), "g1": (math.log(400.0), 0.3)}
+    groups = make_groups(2, 3)
+    p = bound("seer_prompt_oracle", groups, estimator="posterior", quantile=0.9,
+              length_distributions=dists)
+    assert p.pop().request_id == "g0/0" and p.pop().request_id == "g1/0"  # probes, as in seer
+    for r in groups[0].requests[1:] + groups[1].requests[1:]:
+        m, s = dists[r.group_id]
+        assert p.estimate_remaining(r) == max(1, round(rq(m, s, 0, 0.9, MAX)))
+    assert drain(p) == ["g1/1", "g1/2", "g0/1", "g0/2"]  # the long prompt first
+    g0 = groups[0].requests[0]
+    run_chunk(p, g0, 40, finished=False)
+    assert p.estimate_remaining(g0) == round(rq(*dists["g0"], 40, 0.9, MAX))
+    with pytest.raises(ConfigError, match="length_distributions"):
+        make_policy("seer_prompt_oracle").bind(make_groups(1, 2), {})
+    with pytest.raises(ConfigError, match=r"no entry for 1 group\(s\), e.g. \['g1'\]"):
+        make_policy("seer_prompt_oracle").bind(make_groups(2, 2),
+                                               {"length_distributions": {"g0": (1.0, 1.0)}})
+    with pytest.raises(ConfigError, match="estimator='max_finished' is not supported"):
+        make_policy("seer_prompt_oracle").bind(
+            make_groups(2, 2), {"length_distributions": dists, "estimator": "max_finished"})
+
+
 def test_policy_flags():
     assert POLICIES["group_round_robin"].divided is False
     assert POLICIES["group_round_robin"].kv_admission is False
-    for name in ("seer", "request_fcfs", "oracle_lfs", "oracle_group_lfs", "seer_running_oracle"):
+    for name in ("seer", "request_fcfs", "oracle_lfs", "oracle_group_lfs", "seer_running_oracle",
+                 "seer_prompt_oracle"):
         assert POLICIES[name].divided and POLICIES[name].kv_admission
+    assert [n for n, c in POLICIES.items() if c.needs_length_distributions] == [
+        "seer_prompt_oracle"]

@@ -67,6 +67,7 @@ def test_mesh_slicing():
 @pytest.mark.parametrize("key, value, msg", [
     ("chunk_size", 0, "chunk_size=0"),
     ("policy", "fastest", "allowed: seer, group_round_robin"),
+    ("policy", "seer_prompt_oracle", "policy='seer_prompt_oracle'"),  # simulator only
     ("num_instances", 0, "num_instances=0"),
     ("time_model", "guess", "allowed: measured, roofline"),
 ])

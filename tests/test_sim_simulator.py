@@ -37,7 +37,8 @@ def test_same_config_and_seed_identical_results():
 
 
 @pytest.mark.parametrize("policy", ["seer", "group_round_robin", "request_fcfs", "oracle_lfs",
-                                    "oracle_group_lfs", "seer_running_oracle"])
+                                    "oracle_group_lfs", "seer_running_oracle",
+                                    "seer_prompt_oracle"])
 def test_every_response_completes_with_its_length(policy):
     c = _cfg("--config.workload.num_prompts=12", "--config.cluster.kv_capacity_tokens=12000")
     work = sim.build_workload(c)
@@ -268,3 +269,12 @@ def test_context_ceiling_replays_the_issue_scale_structured_run_as_the_engines_r
     assert c["group_context_captured"] == pytest.approx(0.3)
     assert c["running_decision_share"] == pytest.approx(0.8)
     assert c["oracle_group_lfs_vs_oracle_lfs"] == pytest.approx(110 / 120)
+
+
+def test_prompt_oracle_needs_a_synthetic_workload(tmp_path):
+    c = _cfg("--config.workload.num_prompts=6")
+    trace = tmp_path / "t.jsonl"
+    write_trace(sim.build_workload(c), trace)
+    c2 = _cfg("--config.workload.num_prompts=6", f"--config.workload.trace_path={trace}")
+    with pytest.raises(ConfigError, match="seer_prompt_oracle.*only a synthetic workload"):
+        sim.simulate(c2, "seer_prompt_oracle")

@@ -102,3 +102,24 @@ def test_trace_interleaved_groups_and_errors(tmp_path):
         load_trace(bad)
     with pytest.raises(ConfigError, match="> max_tokens"):
         load_trace(p, max_tokens=8)
+
+
+def test_synthetic_workload_keeps_its_generating_distributions(tmp_path):
+    lm = LengthModel(300, 8, 65536, sigma=1.1, icc=0.6, truncated_fraction=0.02)
+    w = synthetic_workload(lm, seed=4)
+    dists = w.length_distributions()
+    assert list(dists) == w.group_ids
+    sd = {s for _, s in dists.values()}
+    assert len(sd) == 1 and sd.pop() == pytest.approx(np.sqrt(0.4) * 1.1)
+    # the lengths are draws from them: standardized log residuals ~ N(0, 1) (uncapped ones,
+    # away from the min_tokens floor)
+    med = np.array([dists[w.group_ids[g]][0] for g in w.group_index])
+    z = (np.log(w.output_len) - med) / np.sqrt(0.4) / 1.1
+    keep = ~w.truncated & (w.output_len > lm.min_tokens)
+    assert abs(z[keep].mean()) < 0.05 and z[keep].std() == pytest.approx(1.0, abs=0.05)
+    # group medians spread by the between-group sd around the preset's median
+    assert np.std(w.group_log_median) == pytest.approx(np.sqrt(0.6) * 1.1, rel=0.12)
+    path = tmp_path / "t.jsonl"
+    write_trace(w, path)
+    assert load_trace(path).length_distributions() is None  # a trace's are unknown
+    assert scale_workload(w, 10).length_distributions() is None

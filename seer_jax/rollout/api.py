@@ -21,7 +21,9 @@ from seer_jax.errors import ConfigError
 from seer_jax.rollout.policies import POLICIES
 from seer_jax.rollout.types import SamplingParams
 
-ROLLOUT_POLICIES = tuple(POLICIES)
+# engine rollouts sample real lengths: no known length distributions (seer_prompt_oracle is
+# simulator-only)
+ROLLOUT_POLICIES = tuple(n for n, cls in POLICIES.items() if not cls.needs_length_distributions)
 
 
 def default_config() -> ml_collections.ConfigDict:

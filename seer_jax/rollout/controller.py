@@ -229,6 +229,7 @@ class Controller:
         group_ids: Sequence[str] | None = None,
         oracle_lengths: Mapping[str, int] | None = None,
         progress: ProgressFn | None = None,
+        length_distributions: Mapping[str, tuple[float, float]] | None = None,
     ):
         self.config = (
             config.validate()
@@ -308,6 +309,7 @@ class Controller:
             self.groups,
             {
                 "oracle_lengths": oracle_lengths,
+                "length_distributions": length_distributions,
                 "starvation_pops": None if starv < 0 else starv,
                 "estimator": self.config.seer_estimator,
                 "quantile": self.config.seer_quantile,
@@ -645,6 +647,7 @@ def rollout(
     oracle_lengths: Mapping[str, int] | None = None,
     progress: ProgressFn | None = None,
     detokenize: Callable[[list[int]], str] | None = None,
+    length_distributions: Mapping[str, tuple[float, float]] | None = None,
 ) -> RolloutOutput:
     """Run one synchronous rollout: every group's prompt sampled `group_size` times.
 
@@ -653,6 +656,8 @@ def rollout(
     clock: "emulated" (`EmulatedClusterDriver`, per-instance virtual clocks) or "wall"
     (`WallClockDriver`, `wall_clock` defaults to time.perf_counter).
     oracle_lengths: request_id ("<group_id>/<sample_index>") -> true length, for `oracle_lfs`.
+    length_distributions: group_id -> (log median, log sd) of its lengths, for
+    `seer_prompt_oracle`.
     Returns every response (group order, then sample order) and the rollout report.
     """
     from seer_jax.rollout.driver import make_driver
@@ -670,6 +675,7 @@ def rollout(
         group_ids=group_ids,
         oracle_lengths=oracle_lengths,
         progress=progress,
+        length_distributions=length_distributions,
     )
     driver = make_driver(clock, ctl, wall_clock=wall_clock)
     driver.run()

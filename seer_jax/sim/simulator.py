@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import time
 from typing import Any
 
@@ -470,6 +471,14 @@ def simulate(
         )
         for i in range(n_inst)
     ]
+    dists = None
+    if POLICIES[policy].needs_length_distributions:
+        dists = work.length_distributions()
+        if dists is None:
+            raise ConfigError(
+                f"policy {policy!r} needs the workload's length distributions, which only a "
+                f"synthetic workload has; {work.name!r} is a trace")
+        dists = {g: (m - math.log(q), s) for g, (m, s) in dists.items()}  # simulated tokens
     prompts = [(PROMPT_TOKEN_ID,) * p for p in group_prompt_len]
     ctl_cfg = cfg.controller.to_dict()
     if q > 1:
@@ -480,6 +489,7 @@ def simulate(
         instances=instances, policy=policy, config=ctl_cfg,
         pool=pool, group_ids=list(work.group_ids),
         oracle_lengths=lengths if POLICIES[policy].needs_true_lengths else None,
+        length_distributions=dists,
     )
     driver = EmulatedClusterDriver(ctl)
     t0 = time.perf_counter()

@@ -42,6 +42,18 @@ class Workload:
     prompt_len: np.ndarray  # int64 [n]
     output_len: np.ndarray  # int64 [n]
     max_tokens: int
+    # synthetic workloads: each group's length distribution before the cap, log L ~
+    # N(group_log_median[g], log_sigma_within^2); None for traces (analysis policies only)
+    group_log_median: np.ndarray | None = None  # float64 [num_groups]
+    log_sigma_within: float | None = None
+
+    def length_distributions(self) -> dict[str, tuple[float, float]] | None:
+        """group_id -> (log median, log sd) of its responses' lengths, as generated (None for a
+        trace: its distributions are unknown)."""
+        if self.group_log_median is None or self.log_sigma_within is None:
+            return None
+        return {gid: (float(m), float(self.log_sigma_within))
+                for gid, m in zip(self.group_ids, self.group_log_median, strict=True)}
 
     def __post_init__(self) -> None:
         n = len(self.output_len)
@@ -172,6 +184,8 @@ def synthetic_workload(lm: LengthModel, seed: int = 0, name: str = "synthetic") 
         prompt_len=np.repeat(plen.astype(np.int64), k),
         output_len=out.astype(np.int64).reshape(-1),
         max_tokens=lm.max_tokens,
+        group_log_median=lm.log_median + a,
+        log_sigma_within=sd_resp,
     )
 
 

@@ -12,12 +12,13 @@ from seer_jax.rollout.policies.oracle_group_lfs import OracleGroupLFSPolicy
 from seer_jax.rollout.policies.oracle_lfs import OracleLFSPolicy
 from seer_jax.rollout.policies.request_fcfs import RequestFCFSPolicy
 from seer_jax.rollout.policies.seer import SeerPolicy
+from seer_jax.rollout.policies.seer_prompt_oracle import SeerPromptOraclePolicy
 from seer_jax.rollout.policies.seer_running_oracle import SeerRunningOraclePolicy
 
 POLICIES: dict[str, type[Policy]] = {
     cls.name: cls
     for cls in (SeerPolicy, GroupRoundRobinPolicy, RequestFCFSPolicy, OracleLFSPolicy,
-                OracleGroupLFSPolicy, SeerRunningOraclePolicy)
+                OracleGroupLFSPolicy, SeerRunningOraclePolicy, SeerPromptOraclePolicy)
 }
 
 
@@ -39,6 +40,7 @@ __all__ = [
     "RequestFCFSPolicy",
     "RequestState",
     "SeerPolicy",
+    "SeerPromptOraclePolicy",
     "SeerRunningOraclePolicy",
     "make_policy",
 ]

@@ -133,6 +133,9 @@ class Policy(abc.ABC):
     divided: ClassVar[bool] = True
     kv_admission: ClassVar[bool] = True
     needs_true_lengths: ClassVar[bool] = False  # oracles: bind() needs options["oracle_lengths"]
+    # analysis: bind() needs options["length_distributions"] (group_id -> (log median, log sd)),
+    # which only a synthetic simulator workload has
+    needs_length_distributions: ClassVar[bool] = False
 
     def __init__(self) -> None:
         self._tokens = 0
