@@ -17,8 +17,9 @@ tell which sibling is the long one. So on one workload:
 - `seer_prompt_oracle` (Moonlight only: it needs the synthetic workload's generating
   distributions) is seer with a perfect length model: each request ranked by the quantile of its
   remaining length under the distribution its prompt's lengths were drawn from. No group-context
-  estimator can know more, so `seer_prompt_oracle_vs_oracle_lfs` is the most seer's rule can
-  reach on that workload, and `seer_vs_seer_prompt_oracle` what seer's online fit loses.
+  estimator can know more, so `seer_prompt_oracle_vs_oracle_lfs` is what seer's rule reaches
+  with perfect knowledge of the prompts (not a strict ceiling: a more hedged estimate can
+  schedule better), and `seer_vs_seer_prompt_oracle` compares seer's online fit with it.
 
 Workloads: the length traces of the issue-scale engine rollouts (`benchmarks/rollout.py`, both
 prompt mixes, replayed on simulated instances calibrated like those runs: same instance count,

@@ -7,12 +7,14 @@ max_tokens), not from a model fitted online. A request that has generated n toke
 q-quantile of L - n given L > n under its group's true distribution.
 
 That is everything any group-context estimator could learn about a request's length: given the
-prompt's distribution, the siblings' lengths say nothing more about this sample. So the gap
-between `seer` and this policy is what seer's online estimate loses, and the gap between this
-policy and `oracle_lfs` is what seer's ordering rule cannot get from group context at all, on
-that workload. (`oracle_group_lfs` knows more: each group's realized longest response, which is
-the long sample's own length.) Needs `length_distributions` (group_id -> (log median, log sd)),
-which the simulator passes for synthetic workloads.
+prompt's distribution, the siblings' lengths say nothing more about this sample. So it tells
+whether seer's rule falls short of `oracle_lfs` for want of information about the prompts (it
+would then reach it here) or for want of information about the samples, which no group context
+holds. (`oracle_group_lfs` knows more: each group's realized longest response, which is the long
+sample's own length.) The rule is not monotone in what it knows: a more hedged estimate can
+schedule better than the true one (on Moonlight at ICC 0.6 seer's online fit does). Needs
+`length_distributions` (group_id -> (log median, log sd)), which the simulator passes for
+synthetic workloads.
 """
 
 from __future__ import annotations
