@@ -1,5 +1,7 @@
 """Workload generators, trace replay and the ICC estimator."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -123,3 +125,5 @@ def test_synthetic_workload_keeps_its_generating_distributions(tmp_path):
     write_trace(w, path)
     assert load_trace(path).length_distributions() is None  # a trace's are unknown
     assert scale_workload(w, 10).length_distributions() is None
+    with pytest.raises(ConfigError, match="group_log_median has 3 entries for 300 groups"):
+        dataclasses.replace(w, group_log_median=w.group_log_median[:3])

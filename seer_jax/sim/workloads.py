@@ -67,6 +67,9 @@ class Workload:
             raise ConfigError(f"workload {self.name!r}: output lengths must be in [1, max_tokens]")
         if (self.prompt_len < 1).any():
             raise ConfigError(f"workload {self.name!r}: prompt lengths must be >= 1")
+        if self.group_log_median is not None and len(self.group_log_median) != self.num_groups:
+            raise ConfigError(f"workload {self.name!r}: group_log_median has "
+                              f"{len(self.group_log_median)} entries for {self.num_groups} groups")
 
     @property
     def num_responses(self) -> int:
