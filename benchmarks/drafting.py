@@ -107,6 +107,21 @@ def run_modes(groups, args) -> dict[str, dict]:
     return out
 
 
+GROUP_MODES = ("group", "group_multipath")
+PER_REQUEST_MODES = ("per_request", "per_request_multipath")
+
+
+def drafted_per_step(summary: dict) -> float:
+    """Accepted draft tokens per step, the bonus token left out."""
+    return summary["accepted_per_step"] - 1.0
+
+
+def best_group_ratio(values: dict) -> float:
+    """Best group mode over best per-request mode (chain or tree on each side)."""
+    return (max(values[k] for k in GROUP_MODES)
+            / max(*(values[k] for k in PER_REQUEST_MODES), 1e-9))
+
+
 def run_bounds(groups, args) -> dict[str, dict]:
     """The copy bound (`CopyOracleDrafter`) of the request's own context and of the group's, on
     the same replay: what any copy-based drafter could get accepted at most, per step."""
@@ -208,7 +223,7 @@ def main(argv=None) -> int:
                                     "tokens": n_tok, "modes": res, "copy_bound": bounds,
                                     "tail": tail}
         print_table(f"{name}: {len(groups)} groups, {n_tok} tokens", res)
-        cb = {k: v["accepted_per_step"] - 1.0 for k, v in bounds.items()}
+        cb = {k: drafted_per_step(v) for k, v in bounds.items()}
         print(f"copy bound (best occurrence in hindsight, after the last {args.copy_match_len} "
               f"token(s)), accepted draft tokens/step: own context {cb['per_request']:.3f}, "
               f"group context {cb['group']:.3f} ({cb['group'] / max(cb['per_request'], 1e-9):.2f}x)")
@@ -226,24 +241,20 @@ def main(argv=None) -> int:
             "tail_speedup": d["tail"]["tail_speedup"],
         }
         # each side at its best: group chain or tree vs per-request chain or tree
-        best_group = max(m["group"]["accepted_per_spec"], m["group_multipath"]["accepted_per_spec"])
-        best_per = max(m["per_request"]["accepted_per_spec"],
-                       m["per_request_multipath"]["accepted_per_spec"])
-        s["best_group_accepted_per_spec_ratio_vs_per_request"] = best_group / max(best_per, 1e-9)
-        s["best_group_accepted_per_spec_minus_per_request"] = best_group - best_per
-        # accepted draft tokens per step (bonus token left out), same comparison
-        drafted = {k: m[k]["accepted_per_step"] - 1.0 for k in
-                   ("per_request", "per_request_multipath", "group", "group_multipath")}
-        s["best_group_accepted_draft_per_step_ratio_vs_per_request"] = (
-            max(drafted["group"], drafted["group_multipath"])
-            / max(drafted["per_request"], drafted["per_request_multipath"], 1e-9))
+        per_spec = s["accepted_per_spec"]
+        best_group = max(per_spec[k] for k in GROUP_MODES)
+        s["best_group_accepted_per_spec_ratio_vs_per_request"] = best_group_ratio(per_spec)
+        s["best_group_accepted_per_spec_minus_per_request"] = (
+            best_group - max(per_spec[k] for k in PER_REQUEST_MODES))
+        # accepted draft tokens per step, same comparison
+        s["best_group_accepted_draft_per_step_ratio_vs_per_request"] = best_group_ratio(
+            {k: drafted_per_step(m[k]) for k in GROUP_MODES + PER_REQUEST_MODES})
         # at equal speculation rates (each drafter keeps the steps it scores highest)
-        at = {k: m[k]["accepted_per_spec_at_rate"] for k in drafted}
         s["best_group_accepted_per_spec_ratio_vs_per_request_at_rate"] = {
-            r: (max(at["group"][r] or 0.0, at["group_multipath"][r] or 0.0)
-                / max(at["per_request"][r] or 0.0, at["per_request_multipath"][r] or 0.0, 1e-9))
+            r: best_group_ratio({k: m[k]["accepted_per_spec_at_rate"][r] or 0.0
+                                 for k in GROUP_MODES + PER_REQUEST_MODES})
             for r in (f"{x:g}" for x in RATES)}
-        cb = {k: v["accepted_per_step"] - 1.0 for k, v in d["copy_bound"].items()}
+        cb = {k: drafted_per_step(v) for k, v in d["copy_bound"].items()}
         s["copy_bound_accepted_draft_per_step"] = cb
         s["copy_bound_group_ratio_vs_per_request"] = cb["group"] / max(cb["per_request"], 1e-9)
         if "arctic" in m:

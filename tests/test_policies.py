@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from seer_jax.errors import ConfigError
 from seer_jax.rollout.policies import POLICIES, GroupState, RequestState, make_policy
+from seer_jax.rollout.policies.seer_prompt_oracle import lognormal_remaining_quantile as rq
 from seer_jax.rollout.types import SamplingParams
 
 MAX = 1000
@@ -277,11 +280,7 @@ def test_seer_running_oracle_keys_started_requests_by_their_groups_true_longest(
 
 
 def test_lognormal_remaining_quantile_matches_scipy():
-    import math
-
     from scipy.stats import lognorm
-
-    from seer_jax.rollout.policies.seer_prompt_oracle import lognormal_remaining_quantile as rq
 
     m, s, cap = math.log(800.0), 0.7, 65536
     d = lognorm(s, scale=math.exp(m))
@@ -299,10 +298,6 @@ def test_seer_prompt_oracle_ranks_by_the_true_length_distributions():
     """seer's rule (probes first, then the largest remaining-length quantile) with each group's
     generating distribution in place of the fitted model: a long prompt's requests go first, and
     a started request is keyed by its conditional quantile."""
-    import math
-
-    from seer_jax.rollout.policies.seer_prompt_oracle import lognormal_remaining_quantile as rq
-
     dists = {"g0": (math.log(50.0), 0.3), "g1": (math.log(400.0), 0.3)}
     groups = make_groups(2, 3)
     p = bound("seer_prompt_oracle", groups, estimator="posterior", quantile=0.9,
