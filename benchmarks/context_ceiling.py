@@ -44,10 +44,12 @@ import ml_collections
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from seer_jax.analysis import crosscheck  # noqa: E402
+from seer_jax.analysis.policies import CATALOG  # noqa: E402
 from seer_jax.config_files import load_config_file  # noqa: E402
-from seer_jax.rollout.engine import EngineConfig  # noqa: E402
+from seer_jax.costs import get_model  # noqa: E402
+from seer_jax.engine.engine import EngineConfig  # noqa: E402
 from seer_jax.sim import simulator as sim  # noqa: E402
-from seer_jax.sim.cost_model import get_model  # noqa: E402
 
 POLICIES = ["group_round_robin", "request_fcfs", "seer", "seer_running_oracle", "oracle_group_lfs",
             "oracle_lfs"]
@@ -71,7 +73,7 @@ def kv_capacity_tokens(rollout_cfg) -> int:
 
 def trace_config(trace: pathlib.Path, rollout_cfg):
     c = rollout_cfg
-    cfg = sim.calibrated_config(
+    cfg = crosscheck.calibrated_config(
         str(trace), None, num_instances=c.num_instances, kv_capacity_tokens=kv_capacity_tokens(c),
         chunk_size=c.chunk_size, model=c.cost_model, page_size=c.engine.page_size,
         max_batch_size=c.engine.max_num_seqs, max_prefill_tokens=c.engine.max_num_batched_tokens,
@@ -153,7 +155,7 @@ def main(argv=None) -> int:
     for mix, (trace, report) in TRACES.items():
         rollout_cfg = ml_collections.ConfigDict(json.loads(report.read_text())["config"])
         t0 = time.perf_counter()
-        summ = sim.summarize(sim.compare(trace_config(trace, rollout_cfg), POLICIES))
+        summ = sim.summarize(sim.compare(trace_config(trace, rollout_cfg), POLICIES, catalog=CATALOG))
         ceil = ceiling(summ)
         print_table(f"{mix} (engine trace {trace.name}, replayed; {time.perf_counter() - t0:.0f} s)",
                     summ, ceil)
@@ -171,7 +173,7 @@ def main(argv=None) -> int:
                     over.append(f"--config.workload.icc={icc}")
                 cfg = load_config_file(str(ROOT / "configs" / "sim" / "moonlight.py"), over)
                 t0 = time.perf_counter()
-                summ = sim.summarize(sim.compare(cfg, MOONLIGHT_POLICIES))
+                summ = sim.summarize(sim.compare(cfg, MOONLIGHT_POLICIES, catalog=CATALOG))
                 ceil = ceiling(summ)
                 print_table(f"moonlight preset, ICC {cfg.workload.icc:g}, seed {seed} "
                             f"({time.perf_counter() - t0:.0f} s)", summ, ceil)

@@ -34,8 +34,7 @@ import json
 import sys
 import time
 
-from seer_jax.rollout.drafting import BudgetConfig, DraftConfig, SpeculationBudget
-from seer_jax.rollout.drafting.replay import (
+from seer_jax.analysis.drafting_replay import (
     RATES,
     ArcticDrafter,
     CopyOracleDrafter,
@@ -45,16 +44,17 @@ from seer_jax.rollout.drafting.replay import (
     save_rollouts_jsonl,
     simulate_tail,
 )
-from seer_jax.rollout.drafting.synthetic import synthetic_groups
+from seer_jax.analysis.synthetic_text import synthetic_groups
+from seer_jax.drafting import BudgetConfig, DraftConfig, SpeculationBudget
 
 
 def generate_rollouts(mix: str, num_groups: int, group_size: int, max_tokens: int, seed: int,
                       kv_memory_gib: float = 0.5):
     """Sample G responses per prompt with SmolLM2 on the paged engine (temperature 1.0; the same
     tokens as the reference generator with these seeds, but it stops at EOS)."""
+    from seer_jax.analysis.drafting_replay import GroupRollout
+    from seer_jax.engine.engine import Engine, EngineConfig
     from seer_jax.model import load
-    from seer_jax.rollout.drafting.replay import GroupRollout
-    from seer_jax.rollout.engine import Engine, EngineConfig
     from seer_jax.rollout.prompts import prompt_set
     from seer_jax.rollout.types import SamplingParams
 

@@ -5,7 +5,7 @@ ragged per-request max_tokens (deterministic, uniform in [--min-tokens, --max-to
 temperature 1.0, seeded. Systems, each warmed up first (JIT compiles / first-call costs excluded
 from the timed run and reported separately):
 
-  engine       seer_jax.rollout.engine.Engine: continuous batching, chunked prefill, paged KV,
+  engine       seer_jax.engine.engine.Engine: continuous batching, chunked prefill, paged KV,
                group prefix sharing; every request stops at its own max_tokens / EOS.
   reference    seer_jax.model.generate.generate: one padded batch, prefill + lax.scan decode for
                max(max_tokens) steps; useful tokens = each row's tokens up to its own max / EOS.
@@ -69,8 +69,8 @@ def useful_len(row: list[int], max_tokens: int, eos_ids: tuple[int, ...]) -> int
 
 
 def run_engine(cfg, params, wl: Workload, args, seed_offset: int = 0) -> dict:
-    from seer_jax.rollout import model_runner
-    from seer_jax.rollout.engine import Engine, EngineConfig
+    from seer_jax.engine import model_runner
+    from seer_jax.engine.engine import Engine, EngineConfig
     from seer_jax.rollout.types import SamplingParams
 
     ecfg = EngineConfig(page_size=args.page_size, max_num_seqs=args.max_num_seqs,

@@ -13,25 +13,6 @@ import sys
 import time
 
 
-def token_differences(results_by_policy) -> list[dict]:
-    """Responses whose tokens differ from the first policy's: request id, policy, the first
-    position that differs, both lengths, and the first policy's logprob there."""
-    pols = list(results_by_policy)
-    ref = {r.request_id: r for r in results_by_policy[pols[0]]}
-    out = []
-    for pol in pols[1:]:
-        for r in results_by_policy[pol]:
-            a, b = list(ref[r.request_id].token_ids), list(r.token_ids)
-            if a == b:
-                continue
-            pos = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
-            lp = ref[r.request_id].logprobs
-            out.append({"request_id": r.request_id, "policy": pol, "vs": pols[0],
-                        "first_diff_position": pos, "lengths": [len(a), len(b)],
-                        "ref_logprob_at_diff": float(lp[pos]) if pos < len(lp) else None})
-    return out
-
-
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--config", default="configs/rollout/bench_structured.py")
@@ -40,6 +21,7 @@ def main(argv=None) -> int:
                    help="write every policy's response token ids here (JSONL, one line per "
                         "policy and response)")
     args, overrides = p.parse_known_args(argv)
+    from seer_jax.analysis.token_diffs import token_differences
     from seer_jax.config_files import load_config_file
     from seer_jax.rollout.api import run_rollout
 

@@ -46,16 +46,18 @@ def main(argv=None) -> int:
     ap.add_argument("--replay", default=None,
                     help="re-predict the run saved in this --workdir (no engines are run)")
     args, overrides = ap.parse_known_args(argv)
+    from seer_jax.analysis import crosscheck  # noqa: E402
+    from seer_jax.analysis.policies import CATALOG  # noqa: E402
     from seer_jax.config_files import load_config_file
+    from seer_jax.costs import StepProfile
     from seer_jax.rollout.api import run_rollout
     from seer_jax.sim import simulator as sim
-    from seer_jax.sim.cost_model import StepProfile
 
     if args.replay:
         # re-predict a saved run (its trace, fitted profile and emulated results) with the
         # current simulator, without running the engines again
         work = pathlib.Path(args.replay)
-        saved, sim_cfg = sim.load_recorded_run(work)
+        saved, sim_cfg = crosscheck.load_recorded_run(work)
         emulated = saved["emulated"]
         time_model, num_responses, emu_wall = saved["time_model"], saved["num_responses"], None
         baseline, cfg_dict = saved["baseline"], saved["config"]
@@ -77,7 +79,7 @@ def main(argv=None) -> int:
                                           page_size=cfg.engine.page_size)
             profile_path = str(work / "profile.json")
             prof.save(profile_path)
-        sim_cfg = sim.calibrated_config(
+        sim_cfg = crosscheck.calibrated_config(
             cfg.trace_out, profile_path, num_instances=cfg.num_instances,
             kv_capacity_tokens=run.kv_capacity_tokens, chunk_size=cfg.chunk_size,
             model=cfg.cost_model, page_size=cfg.engine.page_size,
@@ -97,7 +99,7 @@ def main(argv=None) -> int:
             indent=1, default=str))
     policies = list(emulated)
     t1 = time.perf_counter()
-    pred = sim.summarize(sim.compare(sim_cfg, policies), baseline=baseline)
+    pred = sim.summarize(sim.compare(sim_cfg, policies, catalog=CATALOG), baseline=baseline)
     sim_wall = time.perf_counter() - t1
 
     summary: dict = {"time_model": time_model, "policies": {}}

@@ -23,6 +23,7 @@ import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
+from seer_jax.analysis.policies import CATALOG  # noqa: E402
 from seer_jax.config_files import load_config_file  # noqa: E402
 from seer_jax.sim import simulator as sim  # noqa: E402
 
@@ -45,9 +46,9 @@ def _print_table(title: str, summ: dict) -> None:
 
 def moonlight_runs(cfg, work) -> dict:
     runs = sim.compare(cfg, ["group_round_robin", "request_fcfs", "seer", "oracle_lfs"],
-                       workload=work)
+                       workload=work, catalog=CATALOG)
     runs["seer + grouped SD"] = sim.simulate(cfg, "seer", speculation=True, workload=work,
-                                            label="seer + grouped SD")
+                                            label="seer + grouped SD", catalog=CATALOG)
     return runs
 
 
@@ -101,7 +102,7 @@ def main() -> int:
     cfg = load_config_file(ROOT / "configs/sim/moonlight.py", overrides)
     if args.icc is not None:
         cfg.workload.icc = args.icc
-    sim.validate_config(cfg)
+    sim.validate_config(cfg, CATALOG)
     if args.seeds:
         seeds = [int(x) for x in args.seeds.split(",")]
         summary["seeds"] = per_seed(cfg, seeds)
@@ -131,12 +132,12 @@ def main() -> int:
 
     if not args.skip_kimi:
         k2 = load_config_file(ROOT / "configs/sim/kimi_k2.py")
-        sim.validate_config(k2)
+        sim.validate_config(k2, CATALOG)
         kw = sim.build_workload(k2)
         kruns = {}
         for pol in sim.policy_list(args.kimi_policies):
             t = time.perf_counter()
-            kruns[pol] = sim.simulate(k2, pol, workload=kw)
+            kruns[pol] = sim.simulate(k2, pol, workload=kw, catalog=CATALOG)
             total = time.perf_counter() - t
             r = kruns[pol]
             print(f"Kimi-K2-shaped ({kw.num_responses} responses, {k2.cluster.num_instances} "

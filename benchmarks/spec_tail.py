@@ -29,7 +29,7 @@ def load_groups(path, num_groups):
 
 
 def generate_groups(cfg, params, tok, num_groups, group_size, max_tokens, mix):
-    from seer_jax.rollout.engine import Engine, EngineConfig
+    from seer_jax.engine.engine import Engine, EngineConfig
     from seer_jax.rollout.prompts import prompt_set
     from seer_jax.rollout.types import SamplingParams
 
@@ -44,9 +44,9 @@ def generate_groups(cfg, params, tok, num_groups, group_size, max_tokens, mix):
 
 
 def run_tail(cfg, params, groups, k, speculation, cost):
-    from seer_jax.rollout.drafting.service import InProcessDraftService
-    from seer_jax.rollout.engine import Engine, EngineConfig
-    from seer_jax.rollout.speculation import Speculator
+    from seer_jax.drafting.service import InProcessDraftService
+    from seer_jax.engine.engine import Engine, EngineConfig
+    from seer_jax.engine.speculation import Speculator
     from seer_jax.rollout.types import SamplingParams
 
     spec = None
@@ -94,8 +94,8 @@ def main(argv=None) -> int:
     p.add_argument("--accelerator", default="h100")
     p.add_argument("--json", dest="json_path", default=None)
     args = p.parse_args(argv)
+    from seer_jax.costs import RooflineCostModel, get_accelerator, get_model
     from seer_jax.model import load
-    from seer_jax.sim.cost_model import RooflineCostModel, get_accelerator, get_model
 
     cfg, params, tok = load("smollm2")
     if args.rollouts:

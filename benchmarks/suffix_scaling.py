@@ -25,8 +25,8 @@ import tracemalloc
 
 import numpy as np
 
-from seer_jax.rollout.drafting import DraftConfig, GroupDraftContext
-from seer_jax.rollout.drafting.synthetic import synthetic_groups
+from seer_jax.analysis.synthetic_text import synthetic_groups
+from seer_jax.drafting import DraftConfig, GroupDraftContext
 
 
 def token_stream(source: str, total: int, group_size: int, seed: int) -> tuple[list[int], list[list[int]]]:

@@ -39,9 +39,9 @@ def main(argv=None) -> int:
     from seer_jax.config_files import load_config_file
     from seer_jax.model import load
     from seer_jax.model.generate import full_forward
+    from seer_jax.model.sampling import request_keys
     from seer_jax.rollout.api import build_prompts
     from seer_jax.rollout.controller import request_seed
-    from seer_jax.rollout.sampling import request_keys
 
     c = load_config_file(args.config, overrides)
     if c.temperature != 1.0 or c.top_p != 1.0 or c.top_k != 0:

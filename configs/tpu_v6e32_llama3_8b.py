@@ -19,8 +19,8 @@ def get_config():
     c.mesh.update(dict(num_instances=8, tp=4, devices=32, hbm_gib_per_device=29.8))
     c.engine.update(dict(page_size=64, num_pages=0, kv_memory_gib=80.0, max_num_seqs=128,
                          max_num_batched_tokens=4096, max_prefill_seqs=8, max_model_len=8192))
-    c.policy = "seer"
-    c.chunk_size = 2048
+    c.policies = "seer"
+    c.controller.chunk_size = 2048
     c.sampling.update(dict(group_size=8, max_tokens=7168, max_prompt_length=1024,
                            temperature=1.0, top_p=1.0, top_k=0))
     c.trainer.update(dict(num_steps=500, batch_size=64, learning_rate=1e-6, beta=0.0))

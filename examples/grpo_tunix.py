@@ -7,7 +7,7 @@
 
 Tunix's `GRPOLearner` trains the policy (`TunixLlama`, our decoder as an NNX module) on one device;
 rollouts run on `SeerRollout`: `config.mesh.num_instances` engines of `config.mesh.tp` devices,
-fed whole groups through the controller with `config.policy`. After every step Tunix syncs the
+fed whole groups through the controller with `config.policies`. After every step Tunix syncs the
 weights into the engines (device to device) and the next rollout reports the new policy version.
 Checkpoints: Tunix's own Orbax checkpoints every step under OUT/tunix, and the final policy as a
 seer_jax Orbax checkpoint under OUT/policy (`seer-jax generate --model OUT/policy` loads it).
@@ -126,8 +126,9 @@ def main(argv=None) -> int:
         max_tokens_to_generate=s.max_tokens, temperature=s.temperature, top_p=s.top_p,
         top_k=s.top_k or None, max_prompt_length=s.max_prompt_length, return_logprobs=True)
     engine = _partial(SeerRollout, num_instances=c.mesh.num_instances, tp=c.mesh.tp,
-                      engine_config=engine_config(c), policy=c.policy,
-                      controller_config={"chunk_size": c.chunk_size})
+                      engine_config=engine_config(c), policy=c.policies,
+                      controller_config=c.controller.to_dict(),
+                      policy_options=c.policy.to_dict().get(c.policies, {}))
     cluster = rl.RLCluster(
         actor=actor, tokenizer=tokenizer,
         cluster_config=rl.ClusterConfig(
@@ -183,7 +184,7 @@ def main(argv=None) -> int:
     summary = {
         "model": name, "config": pathlib.Path(args.config).name, "steps": t.num_steps,
         "responses_per_step": t.batch_size * s.group_size,
-        "num_instances": c.mesh.num_instances, "tp": c.mesh.tp, "policy": c.policy,
+        "num_instances": c.mesh.num_instances, "tp": c.mesh.tp, "policy": c.policies,
         "rollout_backend": cluster.rollout.group.last_backend,
         "mean_reward_first": history[0]["mean_reward"] if history else None,
         "mean_reward_last": history[-1]["mean_reward"] if history else None,

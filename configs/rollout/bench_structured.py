@@ -7,5 +7,5 @@ def get_config():
     c = bench_config("structured")
     # chunks of max_tokens / 8, the paper's ratio (8K chunks of 64K-token rollouts). Measured on
     # the engines: seer 1.44x group_round_robin at 64, 1.38x at 128 (README, issue 6).
-    c.chunk_size = 64
+    c.controller.chunk_size = 64
     return c

@@ -12,6 +12,6 @@ def get_config():
     c.max_tokens = 96
     c.num_instances = 2
     c.tp = 1
-    c.chunk_size = 32
-    c.compare = "seer,group_round_robin"
+    c.controller.chunk_size = 32
+    c.policies = "seer,group_round_robin"
     return c

@@ -7,6 +7,7 @@ from seer_jax.sim.simulator import default_config, preset_workload_fields
 
 def get_config():
     c = default_config()
+    c.policies = "seer,group_round_robin,request_fcfs,oracle_lfs"
     c.name = "kimi-k2"
     c.workload.update(preset_workload_fields("kimi-k2"))
     c.cluster.num_instances = 256

@@ -6,6 +6,7 @@ from seer_jax.sim.simulator import default_config, preset_workload_fields
 
 def get_config():
     c = default_config()
+    c.policies = "seer,group_round_robin,request_fcfs,oracle_lfs"
     c.name = "qwen2-vl-72b"
     c.workload.update(preset_workload_fields("qwen2-vl-72b"))
     c.cluster.num_instances = 32

@@ -6,6 +6,7 @@ from seer_jax.sim.simulator import default_config
 
 def get_config():
     c = default_config()
+    c.policies = "seer,group_round_robin,request_fcfs,oracle_lfs"
     c.name = "small"
     c.workload.num_prompts = 32
     c.workload.group_size = 8

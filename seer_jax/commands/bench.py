@@ -45,7 +45,7 @@ def measure_step(runner, B: int, gamma: int, context: int, page_size: int, iters
     """Median time of one jitted step: B sequences × (1+gamma) query tokens over `context` KV."""
     import numpy as np
 
-    from seer_jax.rollout.model_runner import Layout, bucket
+    from seer_jax.engine.model_runner import Layout, bucket
 
     q = 1 + gamma
     pps = bucket(-(-(context + q) // page_size), 4)
@@ -79,9 +79,9 @@ def measure_step(runner, B: int, gamma: int, context: int, page_size: int, iters
 def run(args: argparse.Namespace) -> int:
     import jax
 
+    from seer_jax.engine.model_runner import ModelRunner
     from seer_jax.errors import InputError
     from seer_jax.model import load
-    from seer_jax.rollout.model_runner import ModelRunner
 
     if not args.profile:
         raise InputError("nothing to do: pass --profile")

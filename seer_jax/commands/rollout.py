@@ -11,7 +11,7 @@ HELP = "Run a grouped rollout (G samples per prompt) through the controller on r
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", required=True, help="config file, e.g. configs/rollout/demo.py")
-    p.add_argument("--compare", default=None, help="comma-separated policies, e.g. seer,group_round_robin")
+    p.add_argument("--compare", default=None, help="comma-separated policies (sets config.policies), e.g. seer,group_round_robin")
     p.add_argument("--json", dest="json_path", default=None, help="write the report JSON here")
     p.add_argument("--no-progress", action="store_true")
 
@@ -20,13 +20,14 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
+    from seer_jax.analysis.policies import CATALOG
     from seer_jax.config_files import load_config_file
     from seer_jax.rollout.api import run_rollout, validate_config
 
     cfg = load_config_file(args.config, args.config_overrides)
     if args.compare:
-        cfg.compare = args.compare
-    validate_config(cfg)
+        cfg.policies = args.compare
+    validate_config(cfg, CATALOG)
     console = Console(stderr=True)
     progress = None
     bar = None
@@ -42,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
             return update
         bar.start()
     try:
-        result = run_rollout(cfg, progress)
+        result = run_rollout(cfg, progress, CATALOG)
     finally:
         if bar is not None:
             bar.stop()

@@ -56,12 +56,13 @@ def _table(summary: dict, baseline: str, title: str):
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
+    from seer_jax.analysis.policies import CATALOG
     from seer_jax.sim import simulator as sim
 
     cfg = load_config_file(args.config, getattr(args, "config_overrides", []))
     if args.compare:
         cfg.policies = args.compare
-    sim.validate_config(cfg)
+    sim.validate_config(cfg, CATALOG)
     console = Console()
     work = sim.build_workload(cfg)
     cost = sim.build_cost_model(cfg)
@@ -78,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
     baseline = cfg.baseline
     summary: dict = {}
 
-    runs = sim.compare(cfg, sim.policy_list(cfg.policies), workload=work)
+    runs = sim.compare(cfg, sim.policy_list(cfg.policies, CATALOG), workload=work, catalog=CATALOG)
     comp = sim.summarize(runs, baseline)
     console.print(_table(comp, baseline, f"{cfg.name}: policies vs {baseline}"))
     summary["policies"] = comp
@@ -110,7 +111,7 @@ def run(args: argparse.Namespace) -> int:
             )
 
         console.print(f"sweep: {len(cfg.sweep.iccs)} ICCs x {len(cfg.sweep.sigmas)} tail sigmas")
-        sw = sim.sweep(cfg, progress=show)
+        sw = sim.sweep(cfg, progress=show, catalog=CATALOG)
         out["sweep"] = sw
         summary["sweep_gain"] = sw["gain"]
         if args.plots:

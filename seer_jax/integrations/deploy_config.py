@@ -2,7 +2,7 @@
 
 A deployment config says which model runs, how the rollout mesh is cut into instances
 (`num_instances` slices of `tp` devices), the engine settings of every slice, the scheduling policy
-and chunk size, sampling, and the trainer settings of the GRPO example. `validate_config` checks
+and controller settings, sampling, and the trainer settings of the GRPO example. `validate_config` checks
 the mesh arithmetic and the memory budget per device from the model's dimensions alone, so a
 TPU-pod config can be checked on a laptop.
 """
@@ -14,11 +14,13 @@ from typing import Any
 
 import ml_collections
 
+from seer_jax.engine.engine import EngineConfig
 from seer_jax.errors import ConfigError
 from seer_jax.model.config import ModelConfig
 from seer_jax.model.llama import LOGICAL_AXES, param_shapes
 from seer_jax.model.sharding import ShardingRules
-from seer_jax.rollout.engine import EngineConfig
+from seer_jax.rollout.controller import ControllerConfig
+from seer_jax.rollout.policies import CATALOG, default_policy_options
 
 PLATFORMS = ("cpu", "gpu", "tpu")
 MODEL_DIM_KEYS = ("architecture", "vocab_size", "hidden_size", "intermediate_size", "num_layers",
@@ -44,8 +46,9 @@ def default_config() -> ml_collections.ConfigDict:
     c.engine = ml_collections.ConfigDict(dict(
         page_size=16, num_pages=256, kv_memory_gib=0.0, max_num_seqs=32,
         max_num_batched_tokens=128, max_prefill_seqs=4, max_model_len=0))
-    c.policy = "seer"
-    c.chunk_size = 64
+    c.policies = "seer"  # the scheduling policy (one name)
+    c.controller = ml_collections.ConfigDict(dataclasses.asdict(ControllerConfig(chunk_size=64)))
+    c.policy = default_policy_options()  # policy.<name>.<option>
     c.sampling = ml_collections.ConfigDict(dict(
         group_size=4, max_tokens=16, max_prompt_length=32, temperature=1.0, top_p=1.0, top_k=0))
     c.trainer = ml_collections.ConfigDict(dict(
@@ -122,12 +125,12 @@ def validate_config(c: ml_collections.ConfigDict, num_devices: int | None = None
     if cfg.num_kv_heads % tp and tp % cfg.num_kv_heads:
         bad("mesh.tp", tp, f"a divisor or multiple of the model's num_kv_heads={cfg.num_kv_heads}")
     eng = engine_config(c)
-    from seer_jax.rollout.policies import POLICIES
-
-    if c.policy not in POLICIES:
-        bad("policy", c.policy, ", ".join(sorted(POLICIES)))
-    if not isinstance(c.chunk_size, int) or c.chunk_size < 1:
-        bad("chunk_size", c.chunk_size, "a positive integer")
+    CATALOG.check(c.policies, "policies")
+    CATALOG.check_options(c.policy.to_dict(), "policy")
+    try:
+        ControllerConfig.from_mapping(c.controller.to_dict())
+    except ConfigError as e:
+        raise ConfigError(f"config.controller.{e}") from None
     s = c.sampling
     if not isinstance(s.group_size, int) or s.group_size < 2:
         bad("sampling.group_size", s.group_size, "an integer >= 2 (GRPO compares samples of a group)")

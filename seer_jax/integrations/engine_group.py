@@ -5,8 +5,8 @@ samples it wants) and gets per-response tokens, logprobs, finish reason and the 
 (how many weight syncs happened before the rollout started); `update_params` pushes new weights to
 every slice (resharded device to device, see `weight_sync`) and bumps the version.
 
-The seam: when the controller's rollout API (`seer_jax.rollout.api.rollout_groups`) is present
-and the groups have one size, groups go through it with the configured policy (divided rollout, context-aware
+The seam: when the groups have one size, they go through the controller's rollout API
+(`seer_jax.rollout.api.rollout_groups`) with the configured policy (divided rollout, context-aware
 scheduling). Otherwise the group runs the engines directly: each group goes whole to the least
 loaded slice (so its G samples share the prompt's KV pages) and the slices are stepped in turn.
 Either way a request's samples depend only on its seed (`request_seed(seed, group, sample)`),
@@ -16,8 +16,6 @@ never on placement, so results are the same.
 from __future__ import annotations
 
 import dataclasses
-import importlib
-import inspect
 import logging
 from collections.abc import Sequence
 from typing import Any
@@ -26,13 +24,13 @@ import jax
 import numpy as np
 from jax.sharding import Mesh
 
+from seer_jax.engine.engine import Engine, EngineConfig
 from seer_jax.errors import ConfigError, InputError, SeerError
 from seer_jax.integrations.weight_sync import reshard_params
 from seer_jax.model.config import ModelConfig
 from seer_jax.model.llama import Params
 from seer_jax.model.sharding import ShardingRules
 from seer_jax.rollout.controller import request_seed
-from seer_jax.rollout.engine import Engine, EngineConfig
 from seer_jax.rollout.types import SamplingParams
 
 log = logging.getLogger(__name__)
@@ -80,7 +78,8 @@ class EngineGroup:
     def __init__(self, cfg: ModelConfig, params: Params, meshes: Sequence[Mesh],
                  engine_config: EngineConfig = EngineConfig(), eos_ids: tuple[int, ...] | None = None,
                  rules: ShardingRules = ShardingRules(), policy: str = "seer",
-                 controller_config: dict[str, Any] | None = None, backend: str = "auto"):
+                 controller_config: dict[str, Any] | None = None, backend: str = "auto",
+                 policy_options: dict[str, Any] | None = None):
         if backend not in ("auto", "engine", "api"):
             raise ConfigError(f"backend={backend!r}: allowed 'auto', 'engine', 'api'")
         if not meshes:
@@ -90,6 +89,7 @@ class EngineGroup:
         self.rules = rules
         self.policy = policy
         self.controller_config = dict(controller_config or {})
+        self.policy_options = dict(policy_options or {})
         self.backend = backend
         self.policy_version = 0
         self.engines = [
@@ -171,41 +171,22 @@ class EngineGroup:
                 raise ConfigError("backend='api' needs groups of one size, got "
                                   f"{sorted(set(group_sizes))}")
             return None
-        fn = _api_function()
-        if fn is None:
-            if self.backend == "api":
-                raise ConfigError("backend='api' but seer_jax.rollout.api.rollout_groups is missing")
-            return None
         if self._instances is None:
             from seer_jax.rollout.engine_instance import EngineInstance
             from seer_jax.rollout.kv_pool import HostKVPool
 
             pool = HostKVPool()
             self._instances = [EngineInstance(i, e, pool) for i, e in enumerate(self.engines)]
-        chunk = int(self.controller_config.get("chunk_size", max_tokens))
-        out = fn(self._instances, [list(p) for p in prompts], group_sizes[0], max_tokens,
-                 dataclasses.replace(sampling, seed=seed), policy=self.policy, chunk_size=chunk)
+        from seer_jax.rollout.api import rollout_groups
+
+        out = rollout_groups(self._instances, [list(p) for p in prompts], group_sizes[0], max_tokens,
+                             dataclasses.replace(sampling, seed=seed), policy=self.policy,
+                             config={"chunk_size": max_tokens, **self.controller_config},
+                             policy_options=self.policy_options)
         return [GroupResponse(r.group_index, r.sample_index, list(r.prompt_ids), list(r.token_ids),
                               list(r.logprobs), r.finish_reason, version,
                               r.instances[-1] if r.instances else None)
                 for r in out.results]
-
-
-def _api_function():
-    try:
-        api = importlib.import_module("seer_jax.rollout.api")
-    except ImportError:
-        return None
-    fn = getattr(api, "rollout_groups", None)
-    if fn is None:
-        return None
-    try:
-        inspect.signature(fn).bind([], [], 1, 1, SamplingParams(), policy="seer", chunk_size=1)
-    except TypeError:
-        log.warning("seer_jax.rollout.api.rollout_groups has an unexpected signature; "
-                    "running engines directly")
-        return None
-    return fn
 
 
 def default_meshes(num_instances: int = 1, tp: int = 0) -> list[Mesh]:

@@ -31,6 +31,7 @@ from flax import nnx
 from jax.sharding import Mesh
 from tunix.rl.rollout import base_rollout
 
+from seer_jax.engine.engine import EngineConfig
 from seer_jax.errors import ConfigError
 from seer_jax.integrations.engine_group import (
     EngineGroup,
@@ -42,7 +43,6 @@ from seer_jax.integrations.nnx_actor import TunixLlama, completion_logprobs
 from seer_jax.integrations.weight_sync import ParamMapping, state_to_params
 from seer_jax.model.config import ModelConfig
 from seer_jax.model.sharding import ShardingRules
-from seer_jax.rollout.engine import EngineConfig
 from seer_jax.rollout.types import SamplingParams
 
 
@@ -54,6 +54,7 @@ class SeerRollout(base_rollout.BaseRollout):
                  model_config: ModelConfig | None = None, num_instances: int = 0, tp: int = 0,
                  engine_config: EngineConfig | None = None, policy: str = "seer",
                  controller_config: dict[str, Any] | None = None, backend: str = "auto",
+                 policy_options: dict[str, Any] | None = None,
                  param_mapping: ParamMapping | None = None, rules: ShardingRules = ShardingRules()):
         cfg = model_config or getattr(rollout_actor, "cfg", None)
         if not isinstance(cfg, ModelConfig):
@@ -81,7 +82,8 @@ class SeerRollout(base_rollout.BaseRollout):
         eos = self.eos_id()
         self.group = EngineGroup(cfg, params, meshes, engine_config or EngineConfig(kv_memory_gib=0.25),
                                  eos_ids=(eos,) if eos is not None else None, rules=rules,
-                                 policy=policy, controller_config=controller_config, backend=backend)
+                                 policy=policy, controller_config=controller_config, backend=backend,
+                                 policy_options=policy_options)
         self._model = TunixLlama(cfg, rngs=nnx.Rngs(0))
         self._model.set_params(self.group.params(0))
         self._seed_counter = 0

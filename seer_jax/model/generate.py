@@ -2,7 +2,7 @@
 
 This is the correctness oracle for the paged engine, so it is kept simple: prompts are
 right-padded into one [B, T] batch, the whole generation is one jitted call, and sequences keep
-generating after EOS (the host cuts them). Sampling uses `seer_jax.rollout.sampling`, so with the
+generating after EOS (the host cuts them). Sampling uses `seer_jax.model.sampling`, so with the
 same seeds the engine must produce the same tokens.
 """
 
@@ -19,7 +19,7 @@ from seer_jax.errors import InputError
 from seer_jax.model.config import ModelConfig
 from seer_jax.model.dense_cache import dense_attention, init_dense_cache
 from seer_jax.model.llama import Params, forward
-from seer_jax.rollout.sampling import request_keys, sample_tokens
+from seer_jax.model.sampling import request_keys, sample_tokens
 from seer_jax.rollout.types import SamplingParams
 
 GREEDY = SamplingParams(temperature=0.0)

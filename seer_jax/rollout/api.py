@@ -18,12 +18,10 @@ from collections.abc import Callable, Sequence
 import ml_collections
 
 from seer_jax.errors import ConfigError
-from seer_jax.rollout.policies import POLICIES
+from seer_jax.rollout.controller import ControllerConfig
+from seer_jax.rollout.policies import CATALOG, Hindsight, PolicyCatalog, default_policy_options
+from seer_jax.rollout.policies.base import options_for
 from seer_jax.rollout.types import SamplingParams
-
-# engine rollouts sample real lengths: no known length distributions (seer_prompt_oracle is
-# simulator-only)
-ROLLOUT_POLICIES = tuple(n for n, cls in POLICIES.items() if not cls.needs_length_distributions)
 
 
 def default_config() -> ml_collections.ConfigDict:
@@ -41,12 +39,11 @@ def default_config() -> ml_collections.ConfigDict:
     c.seed = 0
     c.num_instances = 2
     c.tp = 1
-    c.policy = "seer"
-    c.compare = ""  # comma-separated policies run on the same prompts and seeds
-    c.chunk_size = 64
-    c.balance_threshold = 32
-    c.seer_estimator = "posterior"  # seer's length estimator, or "max_finished" (the paper's)
-    c.seer_quantile = 0.995  # posterior: rank by this quantile of remaining length
+    c.policies = "seer"  # comma-separated: each runs on the same prompts and seeds
+    c.baseline = "group_round_robin"  # ratios are taken against it when it ran (else the first)
+    # Controller settings: every field of seer_jax.rollout.controller.ControllerConfig.
+    c.controller = ml_collections.ConfigDict(dataclasses.asdict(ControllerConfig(chunk_size=64)))
+    c.policy = default_policy_options()  # policy.<name>.<option>
     c.clock = "emulated"  # "emulated" (virtual clock per instance) or "wall"
     # emulated step durations: "measured" (wall time of each real step on this host) or
     # "roofline" (sim cost model of `cost_model` on `accelerator` x `chips_per_instance`)
@@ -73,8 +70,8 @@ def bench_config(mix: str) -> ml_collections.ConfigDict:
     c.temperature = 1.0
     c.num_instances = 4
     c.tp = 1
-    c.chunk_size = 128
-    c.compare = "group_round_robin,request_fcfs,seer,oracle_lfs"
+    c.controller.chunk_size = 128
+    c.policies = "group_round_robin,request_fcfs,seer,oracle_lfs"
     # 16 sequences per instance: an instance's groups queue for its slots, as long responses
     # queue for KV memory at scale. With 64 slots every request of an instance runs at once and
     # no order can matter (measured: all four policies within 2.6% of each other).
@@ -83,26 +80,31 @@ def bench_config(mix: str) -> ml_collections.ConfigDict:
     return c
 
 
-def validate_config(c: ml_collections.ConfigDict) -> list[str]:
-    """Check a rollout config; returns the list of policies to run."""
+def validate_config(c: ml_collections.ConfigDict, catalog: PolicyCatalog = CATALOG) -> list[str]:
+    """Check a rollout config; returns the list of policies to run. `catalog`: the policies it
+    may name (the production ones unless given another)."""
     def bad(key, value, allowed):
         raise ConfigError(f"config.{key}={value!r} is invalid: {allowed}")
 
     for key in ("num_prompts", "group_size", "max_tokens", "num_instances", "tp"):
         if not isinstance(c[key], int) or c[key] < 1:
             bad(key, c[key], "must be a positive integer")
-    if c.chunk_size <= 0:
-        bad("chunk_size", c.chunk_size, "must be > 0")
+    try:
+        ControllerConfig.from_mapping(c.controller.to_dict())
+    except ConfigError as e:
+        raise ConfigError(f"config.controller.{e}") from None
     if c.temperature < 0:
         bad("temperature", c.temperature, "must be >= 0")
     if c.clock not in ("emulated", "wall"):
         bad("clock", c.clock, "allowed: emulated, wall")
     if c.time_model not in ("measured", "roofline"):
         bad("time_model", c.time_model, "allowed: measured, roofline")
-    policies = [p.strip() for p in (c.compare or c.policy).split(",") if p.strip()]
+    policies = [p.strip() for p in c.policies.split(",") if p.strip()]
+    if not policies:
+        bad("policies", c.policies, "give one or more comma-separated policy names")
     for p in policies:
-        if p not in ROLLOUT_POLICIES:
-            bad("compare" if c.compare else "policy", p, f"allowed: {', '.join(ROLLOUT_POLICIES)}")
+        catalog.check(p, "policies")
+    catalog.check_options(c.policy.to_dict(), "policy")
     return policies
 
 
@@ -141,12 +143,15 @@ def build_prompts(c, tokenizer) -> tuple[list[list[int]], list[str]]:
 
 
 def run_rollout(c: ml_collections.ConfigDict,
-                progress: Callable[[str], Callable] | None = None) -> RolloutRun:
-    policies = validate_config(c)
+                progress: Callable[[str], Callable] | None = None,
+                catalog: PolicyCatalog = CATALOG) -> RolloutRun:
+    """Run every policy of `c.policies` on the same prompts and seeds. A policy that needs true
+    lengths (an analysis oracle, from `catalog`) gets those of the first run."""
+    policies = validate_config(c, catalog)
     ensure_cpu_devices(c.num_instances * c.tp)
+    from seer_jax.engine.engine import EngineConfig
     from seer_jax.model import load
     from seer_jax.rollout.controller import rollout
-    from seer_jax.rollout.engine import EngineConfig
     from seer_jax.rollout.engine_instance import make_engine_instances
     from seer_jax.rollout.kv_pool import HostKVPool
     from seer_jax.rollout.report import compare_summary
@@ -158,26 +163,25 @@ def run_rollout(c: ml_collections.ConfigDict,
     eos = tuple(cfg.eos_token_ids) or ((tok.eos_id,) if tok.eos_id is not None else ())
     step_time = None
     if c.time_model == "roofline":
-        from seer_jax.sim.cost_model import RooflineCostModel, get_accelerator, get_model
+        from seer_jax.costs import RooflineCostModel, get_accelerator, get_model
 
         step_time = RooflineCostModel(model=get_model(c.cost_model), accelerator=get_accelerator(c.accelerator),
                                       chips=c.chips_per_instance, page_size=engine_cfg.page_size)
     outputs = {}
     step_logs = {}
     kv_capacity = 0
-    oracle = None
+    hindsight = Hindsight()
     for policy in policies:
-        if POLICIES[policy].needs_true_lengths and oracle is None:
-            first = next(iter(outputs.values()), None)
-            if first is None:
-                raise ConfigError(f"{policy} needs true lengths: list another policy before it in config.compare")
-            oracle = {r.request_id: len(r.token_ids) for r in first.results}
+        if outputs and hindsight.true_lengths is None:
+            first = next(iter(outputs.values()))
+            hindsight = Hindsight(true_lengths={r.request_id: len(r.token_ids) for r in first.results})
+        pol = catalog.make(policy, hindsight)
         pool = HostKVPool()
         speculators = None
         if c.speculation:
-            from seer_jax.rollout.drafting.budget import SpeculationBudget
-            from seer_jax.rollout.drafting.service import InProcessDraftService
-            from seer_jax.rollout.speculation import Speculator
+            from seer_jax.drafting.budget import SpeculationBudget
+            from seer_jax.drafting.service import InProcessDraftService
+            from seer_jax.engine.speculation import Speculator
 
             service = InProcessDraftService()
             speculators = [Speculator(service, SpeculationBudget.from_profile_json(c.spec_profile or None))
@@ -188,10 +192,8 @@ def run_rollout(c: ml_collections.ConfigDict,
                                           speculators=speculators, record_steps=True)
         outputs[policy] = rollout(
             prompts, group_size=c.group_size, max_tokens=c.max_tokens, instances=instances,
-            sampling=sampling, policy=policy, pool=pool, clock=c.clock,
-            config={"chunk_size": c.chunk_size, "balance_threshold": c.balance_threshold,
-                    "seer_estimator": c.seer_estimator, "seer_quantile": c.seer_quantile},
-            oracle_lengths=oracle if POLICIES[policy].needs_true_lengths else None,
+            sampling=sampling, policy=pol, pool=pool, clock=c.clock,
+            config=c.controller.to_dict(), policy_options=options_for(pol, c.policy.to_dict()),
             progress=progress(policy) if progress else None, detokenize=tok.decode)
         step_logs[policy] = [row for inst in instances for row in inst.step_log]
         load = instances[0].load()
@@ -201,7 +203,7 @@ def run_rollout(c: ml_collections.ConfigDict,
         del instances, pool, speculators
         gc.collect()
     reports = {p: o.report for p, o in outputs.items()}
-    baseline = "group_round_robin" if "group_round_robin" in reports else policies[0]
+    baseline = c.baseline if c.baseline in reports else policies[0]
     summary = {"policies": compare_summary(reports, baseline), "baseline": baseline,
                "num_responses": len(prompts) * c.group_size, "model": c.model}
     if c.trace_out:
@@ -218,10 +220,14 @@ def write_trace(path: str | pathlib.Path, results) -> None:
 
 
 def rollout_groups(engines: Sequence, prompts: list[list[int]], group_size: int, max_tokens: int,
-                   sampling: SamplingParams, policy: str = "seer", chunk_size: int = 256):
-    """Run groups through existing `EngineInstance`s (e.g. kept alive by a trainer adapter)."""
+                   sampling: SamplingParams, policy: str = "seer",
+                   config: dict | None = None, policy_options: dict | None = None):
+    """Run groups through existing `EngineInstance`s (e.g. kept alive by a trainer adapter).
+    config: ControllerConfig fields (default chunk: the whole budget); policy_options: the
+    policy's own options."""
     from seer_jax.rollout.controller import rollout
 
     pool = engines[0].pool
     return rollout(prompts, group_size=group_size, max_tokens=max_tokens, instances=list(engines),
-                   sampling=sampling, policy=policy, pool=pool, config={"chunk_size": chunk_size})
+                   sampling=sampling, policy=policy, pool=pool,
+                   config=config or {"chunk_size": max_tokens}, policy_options=policy_options)

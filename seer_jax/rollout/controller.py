@@ -80,34 +80,28 @@ class ControllerConfig:
         first-come queue; -1 = no cap (KV budget only).
     dispatch_lookahead: how many buffered requests a dispatch round may skip over when the
         policy's first choice fits nowhere right now; >= 1.
-    starvation_pops: seer's starvation guard: -1 = auto (number of requests), 0 = off, else a
-        request waiting through more than this many pops is served next.
     per_request_seeds: derive each request's sampling seed from (seed, group index, sample index)
         so the G samples of a group differ and stay the same under every policy.
     estimate_chunks: size a chunk by the policy's remaining-length estimate when it has one
-        (seer: L_g - generated; oracle_lfs: the true remaining length):
+        (seer: its quantile of the remaining length):
         max_new_tokens = min(chunk_size, remaining budget,
                              max(min_chunk_size, ceil(estimate_margin x estimate))).
         KV reservations then track what requests will really use (more concurrency, still no
         preemption); a request that outlives its estimate simply gets another chunk.
         Off by default: chunks are min(chunk_size, original_max_tokens - generated).
-    seer_estimator: the `seer` policy's length estimator: "posterior" (hierarchical log-normal
-        model fitted online, default) or "max_finished" (the paper's L_g).
-    seer_quantile: with "posterior", requests are ranked by this quantile of their remaining
-        length (in (0, 1); higher hedges more against long outliers).
+
+    Policy-specific settings (seer's estimator, quantile and starvation guard) are the policy's
+    own options (`policy_options`), not the controller's.
     """
 
     chunk_size: int = 2048
     balance_threshold: int = 32
     max_in_flight_per_instance: int = 0
     dispatch_lookahead: int = 8
-    starvation_pops: int = -1
     per_request_seeds: bool = True
     estimate_chunks: bool = False
     estimate_margin: float = 1.25
     min_chunk_size: int = 32
-    seer_estimator: str = "posterior"
-    seer_quantile: float = 0.995
 
     def validate(self) -> ControllerConfig:
         checks = (
@@ -120,7 +114,6 @@ class ControllerConfig:
                 lambda v: v >= -1,
             ),
             ("dispatch_lookahead", self.dispatch_lookahead, ">= 1", lambda v: v >= 1),
-            ("starvation_pops", self.starvation_pops, ">= -1 (-1 auto, 0 off)", lambda v: v >= -1),
             ("min_chunk_size", self.min_chunk_size, ">= 1", lambda v: v >= 1),
         )
         for key, value, allowed, ok in checks:
@@ -132,14 +125,6 @@ class ControllerConfig:
         m = self.estimate_margin
         if isinstance(m, bool) or not isinstance(m, (int, float)) or not m >= 1.0:
             raise ConfigError(f"estimate_margin={m!r} is invalid; allowed: a number >= 1.0")
-        from seer_jax.rollout.policies.seer import ESTIMATORS
-
-        if self.seer_estimator not in ESTIMATORS:
-            raise ConfigError(
-                f"seer_estimator={self.seer_estimator!r} is invalid; allowed: {list(ESTIMATORS)}")
-        q = self.seer_quantile
-        if isinstance(q, bool) or not isinstance(q, (int, float)) or not 0.0 < q < 1.0:
-            raise ConfigError(f"seer_quantile={q!r} is invalid; allowed: a number in (0, 1)")
         return self
 
     @classmethod
@@ -227,9 +212,8 @@ class Controller:
         config: ControllerConfig | Mapping[str, Any] | None = None,
         pool: KVPool | None = None,
         group_ids: Sequence[str] | None = None,
-        oracle_lengths: Mapping[str, int] | None = None,
         progress: ProgressFn | None = None,
-        length_distributions: Mapping[str, tuple[float, float]] | None = None,
+        policy_options: Mapping[str, Any] | None = None,
     ):
         self.config = (
             config.validate()
@@ -304,17 +288,7 @@ class Controller:
                 g.requests.append(r)
                 self.requests[r.request_id] = r
             self.groups.append(g)
-        starv = self.config.starvation_pops
-        self.policy.bind(
-            self.groups,
-            {
-                "oracle_lengths": oracle_lengths,
-                "length_distributions": length_distributions,
-                "starvation_pops": None if starv < 0 else starv,
-                "estimator": self.config.seer_estimator,
-                "quantile": self.config.seer_quantile,
-            },
-        )
+        self.policy.bind(self.groups, self.policy.check_options(policy_options or {}))
         self.num_done = 0
         self.output_tokens = 0
         self.started = False
@@ -644,20 +618,17 @@ def rollout(
     clock: str = "emulated",
     wall_clock: Callable[[], float] | None = None,
     group_ids: Sequence[str] | None = None,
-    oracle_lengths: Mapping[str, int] | None = None,
     progress: ProgressFn | None = None,
     detokenize: Callable[[list[int]], str] | None = None,
-    length_distributions: Mapping[str, tuple[float, float]] | None = None,
+    policy_options: Mapping[str, Any] | None = None,
 ) -> RolloutOutput:
     """Run one synchronous rollout: every group's prompt sampled `group_size` times.
 
     groups: prompt token ids, one sequence per group. instances: `Instance`s with ids 0..N-1
-    (they must share `pool` for KV moves between chunks). policy: one of `POLICIES`.
+    (they must share `pool` for KV moves between chunks). policy: a name in `POLICIES` or a
+    built `Policy`; policy_options: its own options (e.g. seer's estimator and quantile).
     clock: "emulated" (`EmulatedClusterDriver`, per-instance virtual clocks) or "wall"
     (`WallClockDriver`, `wall_clock` defaults to time.perf_counter).
-    oracle_lengths: request_id ("<group_id>/<sample_index>") -> true length, for `oracle_lfs`.
-    length_distributions: group_id -> (log median, log sd) of its lengths, for
-    `seer_prompt_oracle`.
     Returns every response (group order, then sample order) and the rollout report.
     """
     from seer_jax.rollout.driver import make_driver
@@ -673,9 +644,8 @@ def rollout(
         config=config,
         pool=pool,
         group_ids=group_ids,
-        oracle_lengths=oracle_lengths,
         progress=progress,
-        length_distributions=length_distributions,
+        policy_options=policy_options,
     )
     driver = make_driver(clock, ctl, wall_clock=wall_clock)
     driver.run()

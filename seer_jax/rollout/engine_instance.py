@@ -20,10 +20,10 @@ import jax
 import numpy as np
 from jax.sharding import Mesh
 
+from seer_jax.engine.engine import Engine, EngineConfig, KVBlob
 from seer_jax.errors import ConfigError, SeerError
 from seer_jax.model.config import ModelConfig
 from seer_jax.model.llama import Params
-from seer_jax.rollout.engine import Engine, EngineConfig, KVBlob
 from seer_jax.rollout.instance import KVPool
 from seer_jax.rollout.types import ChunkRequest, ChunkResult, InstanceLoad, StepReport
 

@@ -8,7 +8,6 @@ a bad value into one ConfigError naming the key, the value and what is allowed.
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import time
 from typing import Any
@@ -16,20 +15,20 @@ from typing import Any
 import ml_collections
 import numpy as np
 
+from seer_jax import costs as cm
 from seer_jax.errors import ConfigError
-from seer_jax.rollout.policies import POLICIES
-from seer_jax.sim import cost_model as cm
+from seer_jax.rollout.policies import CATALOG, Hindsight, PolicyCatalog, default_policy_options
+from seer_jax.rollout.policies.base import options_for
 from seer_jax.sim import workloads as wl
-
-KNOWN_POLICIES = tuple(POLICIES)
 
 
 def default_config() -> ml_collections.ConfigDict:
     c = ml_collections.ConfigDict()
     c.name = "custom"
     c.seed = 0
-    # Policies compared by `seer-jax simulate`; ratios are taken against `baseline`.
-    c.policies = "seer,group_round_robin,request_fcfs,oracle_lfs"
+    # Policies compared by `seer-jax simulate`; ratios are taken against `baseline`. The CLI
+    # also accepts the analysis policies (oracle_lfs and friends), which the presets add.
+    c.policies = "seer,group_round_robin,request_fcfs"
     c.baseline = "group_round_robin"
 
     w = c.workload = ml_collections.ConfigDict()
@@ -81,12 +80,12 @@ def default_config() -> ml_collections.ConfigDict:
     r.balance_threshold = 32
     r.max_in_flight_per_instance = 0
     r.dispatch_lookahead = 8
-    r.starvation_pops = -1
     r.estimate_chunks = False
     r.estimate_margin = 1.25
     r.min_chunk_size = 32
-    r.seer_estimator = "posterior"  # or "max_finished" (the paper's L_g)
-    r.seer_quantile = 0.995
+
+    # Each policy's own options, by policy name (see rollout.policies.default_policy_options).
+    c.policy = default_policy_options()
 
     s = c.spec = ml_collections.ConfigDict()
     # Per-position conditional acceptance rates of grouped drafts once the group has context,
@@ -110,11 +109,13 @@ def _check(key: str, value, ok: bool, allowed: str) -> None:
         raise ConfigError(f"config.{key}={value!r} is invalid; allowed: {allowed}")
 
 
-def validate_config(cfg: ml_collections.ConfigDict) -> None:
-    """Raise ConfigError for the first invalid value (named key, value, what is allowed)."""
+def validate_config(cfg: ml_collections.ConfigDict, catalog: PolicyCatalog = CATALOG) -> None:
+    """Raise ConfigError for the first invalid value (named key, value, what is allowed).
+    `catalog`: the policies runs may name (the production ones unless given another)."""
     _check("seed", cfg.seed, isinstance(cfg.seed, int) and cfg.seed >= 0, "an int >= 0")
-    policy_list(cfg.policies)
-    _check("baseline", cfg.baseline, cfg.baseline in KNOWN_POLICIES, f"one of {KNOWN_POLICIES}")
+    policy_list(cfg.policies, catalog)
+    catalog.check(cfg.baseline, "baseline")
+    catalog.check_options(cfg.policy.to_dict(), "policy")
     w = cfg.workload
     if w.preset:
         _check("workload.preset", w.preset, w.preset in wl.WORKLOAD_PRESETS,
@@ -191,18 +192,17 @@ def validate_config(cfg: ml_collections.ConfigDict) -> None:
     _check("sweep.sigmas", list(sw.sigmas), len(sw.sigmas) >= 1 and all(x >= 0 for x in sw.sigmas),
            "a non-empty list of values >= 0")
     _check("sweep.num_prompts", sw.num_prompts, sw.num_prompts >= 0, ">= 0")
-    policy_list(sw.policies)
+    policy_list(sw.policies, catalog)
     # Finally build the cost model once: capacity problems (weights do not fit) surface here.
     build_cost_model(cfg).kv_capacity_pages()
 
 
-def policy_list(spec: str) -> list[str]:
+def policy_list(spec: str, catalog: PolicyCatalog = CATALOG) -> list[str]:
     names = [p.strip() for p in str(spec).split(",") if p.strip()]
     if not names:
         raise ConfigError("config.policies is empty; give a comma-separated list of policies")
-    bad = [p for p in names if p not in KNOWN_POLICIES]
-    if bad:
-        raise ConfigError(f"unknown policy {bad[0]!r}; allowed: {', '.join(KNOWN_POLICIES)}")
+    for p in names:
+        catalog.check(p, "policies")
     return names
 
 
@@ -420,6 +420,7 @@ def simulate(
     label: str | None = None,
     num_instances: int | None = None,
     keep_controller: bool = False,
+    catalog: PolicyCatalog = CATALOG,
 ) -> SimRun:
     """Run the real controller with `policy` over simulated instances; returns the run and its
     `RolloutReport` (same metrics as `seer-jax rollout`)."""
@@ -429,7 +430,7 @@ def simulate(
     from seer_jax.rollout.report import build_report
     from seer_jax.sim.spec_instance import FastSimInstance, GroupProgress
 
-    policy_list(policy)
+    policy_list(policy, catalog)
     work = workload if workload is not None else build_workload(cfg)
     sizes = np.bincount(work.group_index)
     if sizes.min() != sizes.max():
@@ -471,14 +472,10 @@ def simulate(
         )
         for i in range(n_inst)
     ]
-    dists = None
-    if POLICIES[policy].needs_length_distributions:
-        dists = work.length_distributions()
-        if dists is None:
-            raise ConfigError(
-                f"policy {policy!r} needs the workload's length distributions, which only a "
-                f"synthetic workload has; {work.name!r} is a trace")
+    dists = work.length_distributions()
+    if dists is not None:
         dists = {g: (m - math.log(q), s) for g, (m, s) in dists.items()}  # simulated tokens
+    pol = catalog.make(policy, Hindsight(true_lengths=lengths, length_distributions=dists))
     prompts = [(PROMPT_TOKEN_ID,) * p for p in group_prompt_len]
     ctl_cfg = cfg.controller.to_dict()
     if q > 1:
@@ -486,10 +483,9 @@ def simulate(
         ctl_cfg["min_chunk_size"] = max(1, int(ctl_cfg["min_chunk_size"]) // q)
     ctl = Controller(
         prompts, group_size=group_size, max_tokens=-(-int(work.max_tokens) // q),
-        instances=instances, policy=policy, config=ctl_cfg,
+        instances=instances, policy=pol, config=ctl_cfg,
         pool=pool, group_ids=list(work.group_ids),
-        oracle_lengths=lengths if POLICIES[policy].needs_true_lengths else None,
-        length_distributions=dists,
+        policy_options=options_for(pol, cfg.policy.to_dict()),
     )
     driver = EmulatedClusterDriver(ctl)
     t0 = time.perf_counter()
@@ -534,11 +530,12 @@ ABLATION_STEPS = (
 
 
 def compare(cfg: ml_collections.ConfigDict, policies: list[str] | None = None,
-            workload: wl.Workload | None = None) -> dict[str, SimRun]:
+            workload: wl.Workload | None = None,
+            catalog: PolicyCatalog = CATALOG) -> dict[str, SimRun]:
     """Each policy on the same workload (same lengths, same seed)."""
     work = workload if workload is not None else build_workload(cfg)
-    names = policies or policy_list(cfg.policies)
-    return {p: simulate(cfg, p, workload=work) for p in names}
+    names = policies or policy_list(cfg.policies, catalog)
+    return {p: simulate(cfg, p, workload=work, catalog=catalog) for p in names}
 
 
 def ablation(cfg: ml_collections.ConfigDict, workload: wl.Workload | None = None,
@@ -575,7 +572,7 @@ def summarize(runs: dict[str, SimRun], baseline: str = "group_round_robin") -> d
     return out
 
 
-def sweep(cfg: ml_collections.ConfigDict, progress=None) -> dict:
+def sweep(cfg: ml_collections.ConfigDict, progress=None, catalog: PolicyCatalog = CATALOG) -> dict:
     """Seer's gain over group_round_robin and request_fcfs across ICC x tail heaviness.
 
     The workload keeps the config's max_tokens / truncation / group size; `sweep.num_prompts`
@@ -585,7 +582,7 @@ def sweep(cfg: ml_collections.ConfigDict, progress=None) -> dict:
     base_prompts = int(cfg.workload.num_prompts)
     n_prompts = int(sw.num_prompts) or base_prompts
     n_inst = max(1, round(int(cfg.cluster.num_instances) * n_prompts / base_prompts))
-    pols = policy_list(sw.policies)
+    pols = policy_list(sw.policies, catalog)
     if "seer" not in pols:
         raise ConfigError("config.sweep.policies must include seer")
     iccs = [float(x) for x in sw.iccs]
@@ -597,7 +594,8 @@ def sweep(cfg: ml_collections.ConfigDict, progress=None) -> dict:
         for i, icc in enumerate(iccs):
             c = _with_workload(cfg, num_prompts=n_prompts, icc=icc, sigma=s)
             work = build_workload(c)
-            runs = {p: simulate(c, p, workload=work, num_instances=n_inst) for p in pols}
+            runs = {p: simulate(c, p, workload=work, num_instances=n_inst, catalog=catalog)
+                    for p in pols}
             seer = runs["seer"].report
             cell = {"icc_target": icc, "sigma": s,
                     "icc_measured": wl.length_icc(work.output_len, work.group_index),
@@ -646,78 +644,3 @@ def write_plots(runs: dict[str, SimRun], out_dir, title: str = "") -> list:
         {n: r.in_flight_series() for n, r in runs.items()}, out / "tokens_in_flight.png",
         ylabel="running sequences (all instances)", title=f"{title} tokens in flight".strip()))
     return paths
-
-
-# ----------------------------------------------------------------------------------------------
-# Calibration from a measured run
-# ----------------------------------------------------------------------------------------------
-
-
-def calibrated_config(
-    trace_path: str,
-    profile_path: str | None,
-    *,
-    num_instances: int,
-    kv_capacity_tokens: int,
-    chunk_size: int,
-    model: str = "smollm2-135m",
-    page_size: int = 16,
-    max_batch_size: int = 256,
-    max_prefill_tokens: int = 8192,
-    balance_threshold: int = 32,
-    max_tokens: int = 0,
-    pool_gbps: float = 20.0,
-    accelerator: str = "h100",
-    chips_per_instance: int = 1,
-) -> ml_collections.ConfigDict:
-    """A config that replays a rollout trace (JSONL written by `seer-jax rollout`) on instances
-    whose step time comes from a measured profile (`seer-jax bench --profile`, or
-    `StepProfile.from_steps` over an emulated run's executed steps). `profile_path=None`: the
-    roofline of `model` on `accelerator` x `chips_per_instance` instead (what an emulated run
-    with `time_model="roofline"` is timed by)."""
-    c = default_config()
-    c.name = f"calibrated:{trace_path}"
-    c.workload.trace_path = str(trace_path)
-    c.workload.max_tokens = int(max_tokens or wl.load_trace(trace_path).max_tokens)
-    c.cluster.num_instances = int(num_instances)
-    c.cluster.model = model
-    c.cluster.profile_path = str(profile_path) if profile_path else ""
-    c.cluster.accelerator = accelerator
-    c.cluster.chips_per_instance = int(chips_per_instance)
-    c.cluster.kv_capacity_tokens = int(kv_capacity_tokens)
-    c.cluster.page_size = int(page_size)
-    c.cluster.max_batch_size = int(max_batch_size)
-    c.cluster.max_prefill_tokens = int(max_prefill_tokens)
-    c.cluster.pool_gbps = float(pool_gbps)
-    c.cluster.macro_steps = 1  # small runs: exact iterations
-    c.controller.chunk_size = int(chunk_size)
-    c.controller.balance_threshold = int(balance_threshold)
-    validate_config(c)
-    return c
-
-
-def load_recorded_run(run_dir) -> tuple[dict, ml_collections.ConfigDict]:
-    """A run recorded by `benchmarks/sim_crosscheck.py` (run.json, trace.jsonl, profile.json in
-    `run_dir`): its saved fields and the calibrated simulator config, pointed at those files."""
-    import pathlib
-
-    run_dir = pathlib.Path(run_dir)
-    saved = json.loads((run_dir / "run.json").read_text())
-    sim_cfg = saved["sim_config"]
-    # runs recorded before seer had a choice of estimator used the paper's (max_finished)
-    sim_cfg["controller"].setdefault("seer_estimator", "max_finished")
-    cfg = default_config()
-    cfg.update(ml_collections.ConfigDict(sim_cfg))
-    cfg.workload.trace_path = str(run_dir / "trace.jsonl")
-    if cfg.cluster.profile_path:
-        cfg.cluster.profile_path = str(run_dir / "profile.json")
-    return saved, cfg
-
-
-def predict_from_trace(trace_path: str, profile_path: str | None, policies: list[str] | None = None,
-                       **kw) -> dict[str, dict]:
-    """Calibrate from a trace + step profile and predict per policy tokens_per_s, makespan_s,
-    tail_s (the cross-check against an emulated run). kw: see `calibrated_config`."""
-    cfg = calibrated_config(trace_path, profile_path, **kw)
-    runs = compare(cfg, policies or ["seer", "group_round_robin", "request_fcfs", "oracle_lfs"])
-    return summarize(runs)

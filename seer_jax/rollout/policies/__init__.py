@@ -1,46 +1,61 @@
-"""Scheduling policies, one module each, and their registry.
+"""Production scheduling policies, one module each, and their registry.
 
-`make_policy(name)` builds one; `POLICIES` lists the names. See `base.Policy` for the interface.
+`make_policy(name)` builds one; `POLICIES` lists the names; `CATALOG` is the `PolicyCatalog` a
+run uses unless it is handed another (the analysis catalog adds oracles). See `base.Policy` for
+the interface.
 """
 
 from __future__ import annotations
 
-from seer_jax.errors import ConfigError
-from seer_jax.rollout.policies.base import GroupState, Policy, RequestState
+import ml_collections
+
+from seer_jax.rollout.policies.base import (
+    GroupState,
+    Hindsight,
+    Policy,
+    PolicyCatalog,
+    RequestState,
+)
 from seer_jax.rollout.policies.group_round_robin import GroupRoundRobinPolicy
-from seer_jax.rollout.policies.oracle_group_lfs import OracleGroupLFSPolicy
-from seer_jax.rollout.policies.oracle_lfs import OracleLFSPolicy
 from seer_jax.rollout.policies.request_fcfs import RequestFCFSPolicy
 from seer_jax.rollout.policies.seer import SeerPolicy
-from seer_jax.rollout.policies.seer_prompt_oracle import SeerPromptOraclePolicy
-from seer_jax.rollout.policies.seer_running_oracle import SeerRunningOraclePolicy
 
 POLICIES: dict[str, type[Policy]] = {
-    cls.name: cls
-    for cls in (SeerPolicy, GroupRoundRobinPolicy, RequestFCFSPolicy, OracleLFSPolicy,
-                OracleGroupLFSPolicy, SeerRunningOraclePolicy, SeerPromptOraclePolicy)
+    cls.name: cls for cls in (SeerPolicy, GroupRoundRobinPolicy, RequestFCFSPolicy)
 }
+CATALOG = PolicyCatalog(POLICIES)
+
+
+def default_policy_options() -> ml_collections.ConfigDict:
+    """`policy.<name>.*` config: each policy's own options with their defaults.
+
+    seer.estimator: "posterior" (hierarchical log-normal model fitted online) or "max_finished"
+        (the paper's L_g).
+    seer.quantile: with "posterior", requests are ranked by this quantile of their remaining
+        length (in (0, 1); higher hedges more against long outliers).
+    seer.starvation_pops: a request waiting through more than this many pops is served next
+        (-1 = auto, 0 = off).
+    """
+    return ml_collections.ConfigDict(
+        {"seer": {"estimator": "posterior", "quantile": 0.995, "starvation_pops": -1}})
 
 
 def make_policy(name: str) -> Policy:
-    """A fresh policy object by name; ConfigError for an unknown name."""
-    cls = POLICIES.get(name)
-    if cls is None:
-        raise ConfigError(f"policy={name!r} is unknown; allowed: {sorted(POLICIES)}")
-    return cls()
+    """A fresh production policy object by name; ConfigError for an unknown name."""
+    return CATALOG.make(name)
 
 
 __all__ = [
+    "CATALOG",
     "POLICIES",
     "GroupRoundRobinPolicy",
     "GroupState",
-    "OracleGroupLFSPolicy",
-    "OracleLFSPolicy",
+    "Hindsight",
     "Policy",
+    "PolicyCatalog",
     "RequestFCFSPolicy",
     "RequestState",
     "SeerPolicy",
-    "SeerPromptOraclePolicy",
-    "SeerRunningOraclePolicy",
+    "default_policy_options",
     "make_policy",
 ]

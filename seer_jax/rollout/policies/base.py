@@ -23,9 +23,10 @@ from __future__ import annotations
 import abc
 import dataclasses
 import heapq
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar
 
+from seer_jax.errors import ConfigError
 from seer_jax.rollout.types import FinishReason, SamplingParams
 
 
@@ -132,10 +133,8 @@ class Policy(abc.ABC):
     name: ClassVar[str] = ""
     divided: ClassVar[bool] = True
     kv_admission: ClassVar[bool] = True
-    needs_true_lengths: ClassVar[bool] = False  # oracles: bind() needs options["oracle_lengths"]
-    # analysis: bind() needs options["length_distributions"] (group_id -> (log median, log sd)),
-    # which only a synthetic simulator workload has
-    needs_length_distributions: ClassVar[bool] = False
+    # the keys of `policy.*` options this policy reads in bind(); others are a ConfigError
+    option_keys: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self) -> None:
         self._tokens = 0
@@ -145,8 +144,18 @@ class Policy(abc.ABC):
         self.groups: Sequence[GroupState] = ()
         self.requests: Sequence[RequestState] = ()
 
+    @classmethod
+    def check_options(cls, options: Mapping[str, Any]) -> dict[str, Any]:
+        """`options` as a dict; ConfigError naming any key this policy does not read."""
+        unknown = sorted(set(options) - set(cls.option_keys))
+        if unknown:
+            raise ConfigError(f"policy {cls.name!r} has no option(s) {unknown}; "
+                              f"allowed: {list(cls.option_keys)}")
+        return dict(options)
+
     def bind(self, groups: Sequence[GroupState], options: dict[str, Any]) -> None:
-        """Called once before the rollout with all groups (and their requests)."""
+        """Called once before the rollout with all groups (and their requests) and this policy's
+        own options (`policy.*` config keys, checked against `option_keys`)."""
         self.groups = groups
         self.requests = [r for g in groups for r in g.requests]
 
@@ -240,3 +249,59 @@ class LazyHeap:
 
     def __len__(self) -> int:
         return len(self._h)
+
+
+@dataclasses.dataclass(frozen=True)
+class Hindsight:
+    """What a benchmark knows about a workload after the fact (true lengths from a trace or an
+    earlier run; a synthetic workload's generating distributions). Production policies never see
+    it; the analysis catalog (`seer_jax.analysis.policies`) builds its oracles from it."""
+
+    true_lengths: Mapping[str, int] | None = None  # request_id -> output tokens
+    length_distributions: Mapping[str, tuple[float, float]] | None = None  # group -> (mu, sd)
+
+
+class PolicyCatalog:
+    """Policy names a run may use, and how to build each one.
+
+    `classes`: name -> Policy class. `builders`: name -> function of a `Hindsight`, for the
+    (analysis) policies that need facts a real rollout cannot have; the others are built with
+    no arguments.
+    """
+
+    def __init__(self, classes: Mapping[str, type[Policy]],
+                 builders: Mapping[str, Callable[[Hindsight], Policy]] | None = None) -> None:
+        self.classes = dict(classes)
+        self.builders = dict(builders or {})
+        self.names: tuple[str, ...] = tuple(self.classes)
+
+    def make(self, name: str, hindsight: Hindsight | None = None) -> Policy:
+        self.check(name)
+        if name in self.builders:
+            return self.builders[name](hindsight or Hindsight())
+        return self.classes[name]()
+
+    def check(self, name: str, key: str = "policy") -> str:
+        if name not in self.classes:
+            raise ConfigError(f"config.{key}={name!r} is invalid; allowed: {sorted(self.names)}")
+        return name
+
+    def check_options(self, options_by_name: Mapping[str, Mapping[str, Any]], key: str) -> None:
+        """Options keyed by policy name (`policy.<name>.<option>`): every name must be a policy
+        of this catalog and every option one that policy reads."""
+        for name, opts in options_by_name.items():
+            self.check(name, key)
+            try:
+                self.classes[name].check_options(opts)
+            except ConfigError as e:
+                raise ConfigError(f"config.{key}.{name}: {e}") from None
+
+
+def options_for(policy: Policy, options_by_name: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    """The options of `policy` from `policy.<name>.*` config: its own name's entry, else the
+    nearest base class's (an analysis variant of seer reads seer's options)."""
+    for cls in type(policy).__mro__:
+        name = getattr(cls, "name", "")
+        if name and name in options_by_name:
+            return dict(options_by_name[name])
+    return {}

@@ -45,6 +45,7 @@ class SeerPolicy(Policy):
     name = "seer"
     divided = True
     kv_admission = True
+    option_keys = ("estimator", "quantile", "starvation_pops", "length_prior")
 
     def __init__(self) -> None:
         super().__init__()
@@ -74,7 +75,7 @@ class SeerPolicy(Policy):
         # auto: the number of requests for the paper's estimator; for the posterior, which defers
         # only what it is confident is short, a backstop 4x as patient (the quantile is the guard)
         auto = len(self.requests) * (4 if est == "posterior" else 1)
-        self.starvation_pops = auto if limit is None else int(limit)
+        self.starvation_pops = auto if limit is None or int(limit) < 0 else int(limit)
         self.estimator = est
         q = options.get("quantile")
         self.quantile = 0.995 if q is None else float(q)

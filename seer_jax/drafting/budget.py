@@ -1,0 +1,264 @@
+"""Adaptive speculation budget (Seer's Algorithm 1, marginal-benefit-aware).
+
+Per engine step with B running requests:
+
+1. expected accepted tokens of a γ-token chain, from per-position acceptance rates β[i] (the
+   probability that draft position i is accepted given positions < i were), measured online as an
+   exponential moving average:  E(γ) = Σ_{j≤γ} Π_{i≤j} β[i];
+2. γ* = argmin_{0≤γ≤γ_max} T_SD(B, γ),  T_SD(B, γ) = T(B, γ) / (1 + E(γ))  — step time per
+   generated token, with T(B, γ) the step time verifying γ draft tokens for each of B sequences
+   (a measured profile, or a roofline cost model when none was measured);
+3. total budget Γ = γ*·B draft tokens; speculation is off when Γ < B (γ* = 0);
+4. trees when B is small: width k = the largest k ≤ max_width with
+   T(B, k·γ*) ≤ (1 + width_slack)·T(B, γ*) (extra nodes are nearly free while the step is
+   memory-bound); the budget becomes k·Γ nodes, ≤ k·γ_max per request, paths ≤ γ_max;
+5. allocation: draft nodes are handed out greedily by marginal benefit
+      benefit(r, node) = w_r · Π_{i≤depth} β[i] · p_r(node)
+   (w_r = λ for the high-priority class, 1 otherwise; p_r = the draft's own path probability),
+   i.e. the Γ most beneficial nodes, each request's share a sub-tree of its draft.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from seer_jax.drafting.draft import Draft
+from seer_jax.errors import ConfigError
+
+StepTimeFn = Callable[[int, int], float]  # T(B, γ) -> seconds
+
+
+@dataclasses.dataclass(frozen=True)
+class BudgetConfig:
+    """gamma_max: longest draft path; priority_weight: λ of the high-priority class;
+    ema_decay: weight of a new observation in the β moving averages; beta_init: β before any
+    observation; relax_rate: while speculation is off (nothing observed), β drifts back toward
+    beta_init by this fraction per planned step, so speculation is retried later; max_width / width_slack: multi-path trees (see module docstring);
+    context_tokens: mean context per sequence assumed by the default cost model;
+    default_model / default_accelerator: the roofline used when no profile is given."""
+
+    gamma_max: int = 8
+    priority_weight: float = 2.0
+    ema_decay: float = 0.05
+    beta_init: float = 0.5
+    max_width: int = 4
+    width_slack: float = 0.05
+    relax_rate: float = 0.002
+    context_tokens: int = 4096
+    default_model: str = "qwen2.5-7b"
+    default_accelerator: str = "h100"
+
+    def validate(self) -> BudgetConfig:
+        checks = [
+            ("gamma_max", self.gamma_max, self.gamma_max >= 1, ">= 1"),
+            ("priority_weight", self.priority_weight, self.priority_weight > 0, "> 0"),
+            ("ema_decay", self.ema_decay, 0 < self.ema_decay <= 1, "in (0, 1]"),
+            ("beta_init", self.beta_init, 0 <= self.beta_init <= 1, "in [0, 1]"),
+            ("max_width", self.max_width, self.max_width >= 1, ">= 1"),
+            ("width_slack", self.width_slack, self.width_slack >= 0, ">= 0"),
+            ("relax_rate", self.relax_rate, 0 <= self.relax_rate <= 1, "in [0, 1]"),
+            ("context_tokens", self.context_tokens, self.context_tokens >= 0, ">= 0"),
+        ]
+        for key, value, ok, allowed in checks:
+            if not ok:
+                raise ConfigError(f"speculation.{key}={value!r} is invalid: must be {allowed}")
+        return self
+
+
+class AcceptanceStats:
+    """Online per-position conditional acceptance rates β[1..γ_max] (EMA)."""
+
+    def __init__(self, gamma_max: int = 8, decay: float = 0.05, init: float = 0.5) -> None:
+        self.decay = float(decay)
+        self.beta = np.full((gamma_max,), float(init), np.float64)
+        self.observations = np.zeros((gamma_max,), np.int64)
+
+    def observe(self, num_positions: int, accepted: int) -> None:
+        """A verified draft offered `num_positions` positions along its deepest path (tree: its
+        depth) and `accepted` of them were accepted: positions 1..accepted count as accepted, the
+        next one (if offered) as rejected, later ones were not tried."""
+        n = min(int(num_positions), self.beta.size)
+        a = min(int(accepted), n)
+        tried = min(a + 1, n)
+        if tried <= 0:
+            return
+        x = np.zeros((tried,), np.float64)
+        x[:a] = 1.0
+        self.beta[:tried] += self.decay * (x - self.beta[:tried])
+        self.observations[:tried] += 1
+
+    def observe_drafts(self, drafts: Sequence[Draft], accepted: Sequence[int]) -> None:
+        for d, a in zip(drafts, accepted, strict=True):
+            if len(d):
+                self.observe(d.depth, a)
+
+    def relax(self, toward: float, rate: float) -> None:
+        """Move β a fraction `rate` of the way back to `toward` (no observation this step)."""
+        self.beta += rate * (toward - self.beta)
+
+    def reach(self) -> np.ndarray:
+        """float64 [γ_max]: P(position j accepted) = Π_{i≤j} β[i]."""
+        return np.cumprod(self.beta)
+
+    def expected_accepted(self, gamma: int) -> float:
+        """E(γ): expected accepted tokens of a γ-token chain."""
+        g = min(max(int(gamma), 0), self.beta.size)
+        return float(self.reach()[:g].sum())
+
+
+@dataclasses.dataclass(frozen=True)
+class BudgetPlan:
+    """The step's speculation budget (see module docstring)."""
+
+    batch_size: int
+    gamma_star: int
+    total_tokens: int  # Γ·width nodes for the whole batch (0 when off)
+    width: int  # 1 = chains
+    max_nodes_per_request: int
+    max_depth: int
+
+    @property
+    def enabled(self) -> bool:
+        return self.total_tokens >= self.batch_size > 0
+
+
+def default_step_time(config: BudgetConfig) -> StepTimeFn:
+    """T(B, γ) of a roofline cost model (seer_jax.costs) for the configured model and
+    accelerator, each sequence attending over `context_tokens`."""
+    from seer_jax.costs import RooflineCostModel, get_accelerator, get_model
+
+    cost = RooflineCostModel(get_model(config.default_model),
+                             get_accelerator(config.default_accelerator))
+    ctx = config.context_tokens
+    return lambda b, g: cost.spec_step_time(b, g, b * ctx)
+
+
+def profile_step_time(profile, context_tokens: int = 4096) -> StepTimeFn:
+    """T(B, γ) from a measured `seer_jax.costs.StepProfile`."""
+    return lambda b, g: profile.t_sd(b, g, b * context_tokens)
+
+
+class SpeculationBudget:
+    """Plans and allocates the per-step draft budget; `stats` holds the online β."""
+
+    def __init__(self, step_time: StepTimeFn | None = None, config: BudgetConfig | None = None,
+                 stats: AcceptanceStats | None = None) -> None:
+        self.config = (config or BudgetConfig()).validate()
+        self.step_time = step_time or default_step_time(self.config)
+        c = self.config
+        self.stats = stats or AcceptanceStats(c.gamma_max, c.ema_decay, c.beta_init)
+
+    @classmethod
+    def from_profile_json(cls, path: str | pathlib.Path | None,
+                          config: BudgetConfig | None = None) -> SpeculationBudget:
+        """From a `seer-jax bench --profile` JSON (StepProfile schema); None: cost-model default."""
+        config = (config or BudgetConfig()).validate()
+        if path is None:
+            return cls(None, config)
+        from seer_jax.costs import StepProfile
+
+        return cls(profile_step_time(StepProfile.load(path), config.context_tokens), config)
+
+    # -- planning --------------------------------------------------------------------------------
+
+    def t_sd(self, batch_size: int, gamma: int) -> float:
+        """Step time per generated token per sequence with γ-token chains."""
+        return self.step_time(batch_size, gamma) / (1.0 + self.stats.expected_accepted(gamma))
+
+    def optimal_gamma(self, batch_size: int) -> int:
+        if batch_size <= 0:
+            return 0
+        costs = [self.t_sd(batch_size, g) for g in range(self.config.gamma_max + 1)]
+        return int(np.argmin(costs))  # first minimum: ties prefer fewer draft tokens
+
+    def plan(self, batch_size: int, relax: bool = True) -> BudgetPlan:
+        """The step's budget. When it is off and `relax`, β drifts toward beta_init (see
+        BudgetConfig.relax_rate): call once per engine step."""
+        c = self.config
+        g = self.optimal_gamma(batch_size)
+        total = g * batch_size
+        if total < batch_size or batch_size <= 0:
+            if relax and batch_size > 0 and c.relax_rate > 0:
+                self.stats.relax(c.beta_init, c.relax_rate)
+            return BudgetPlan(batch_size, g, 0, 1, 0, 0)
+        base = self.step_time(batch_size, g)
+        width = 1
+        for k in range(2, c.max_width + 1):
+            if self.step_time(batch_size, k * g) <= (1.0 + c.width_slack) * base:
+                width = k
+            else:
+                break
+        return BudgetPlan(batch_size, g, total * width, width, c.gamma_max * width, c.gamma_max)
+
+    # -- allocation ------------------------------------------------------------------------------
+
+    def weights(self, priorities: Sequence[int]) -> np.ndarray:
+        p = np.asarray(priorities, np.int64)
+        return np.where(p > 0, self.config.priority_weight, 1.0)
+
+    def allocate(self, drafts: Sequence[Draft], priorities: Sequence[int] | None = None,
+                 plan: BudgetPlan | None = None) -> list[Draft]:
+        """Trim candidate drafts (one per running request, possibly empty) to the step budget:
+        the plan's `total_tokens` most beneficial nodes, ≤ max_nodes_per_request and depth
+        ≤ max_depth per request. Returns the drafts to verify (empty where none)."""
+        n = len(drafts)
+        if priorities is None:
+            priorities = [0] * n
+        if plan is None:
+            plan = self.plan(n)
+        if not plan.enabled:
+            return [Draft.empty(d.match_len) for d in drafts]
+        reach = self.stats.reach()
+        w = self.weights(priorities)
+        req_parts, node_parts, benefit_parts = [], [], []
+        depths = []
+        for r, d in enumerate(drafts):
+            if not len(d):
+                depths.append(None)
+                continue
+            dep = d.depths()
+            depths.append(dep)
+            ok = np.flatnonzero(dep <= plan.max_depth)
+            req_parts.append(np.full(ok.size, r, np.int64))
+            node_parts.append(ok)
+            benefit_parts.append(w[r] * reach[np.minimum(dep[ok], reach.size) - 1]
+                                 * d.probs[ok].astype(np.float64))
+        if not req_parts:
+            return [Draft.empty(d.match_len) for d in drafts]
+        req = np.concatenate(req_parts)
+        node = np.concatenate(node_parts)
+        benefit = np.concatenate(benefit_parts)
+        # Highest benefit first; ties: lower request, then lower node index (parents first).
+        order = np.lexsort((node, req, -benefit))
+        req_sorted = req[order]
+        # rank of each candidate within its request (in benefit order)
+        by_req = np.argsort(req_sorted, kind="stable")
+        starts = np.searchsorted(req_sorted[by_req], req_sorted[by_req], side="left")
+        rank = np.empty_like(by_req)
+        rank[by_req] = np.arange(by_req.size) - starts
+        chosen = order[rank < plan.max_nodes_per_request][: plan.total_tokens]
+        keep = [None if dep is None else np.zeros(dep.size, bool) for dep in depths]
+        for r, i in zip(req[chosen].tolist(), node[chosen].tolist(), strict=True):
+            keep[r][i] = True
+        out = []
+        for d, k in zip(drafts, keep, strict=True):
+            if k is None or not k.any():
+                out.append(Draft.empty(d.match_len))
+            else:
+                out.append(d.select(_close_under_parents(d.parents, k)))
+        return out
+
+
+def _close_under_parents(parents: np.ndarray, keep: np.ndarray) -> np.ndarray:
+    """Drop kept nodes whose parent is not kept (in topological order, so chains of drops
+    propagate). Benefits never increase from parent to child, so this only triggers on ties."""
+    keep = keep.copy()
+    par = parents.tolist()
+    for i in range(keep.size):
+        if keep[i] and par[i] >= 0 and not keep[par[i]]:
+            keep[i] = False
+    return keep

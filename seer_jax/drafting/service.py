@@ -1,0 +1,229 @@
+"""The draft service: message-shaped access to group draft contexts.
+
+Engines append generated tokens in batches and fetch drafts for their active requests. Every call
+takes and returns plain messages (dataclasses of strings, ints and int32 arrays), so the contexts
+can live in another process (a Ray actor, the controller) without changing callers:
+
+- `append(group_id, request_id, token_ids)` / `append_batch([DraftAppend, ...])`: add tokens
+  (request_id None = the group's prompt, before any response token);
+- `sync(group_ids, since_version)` -> `[GroupUpdate]`: the appends a replica has not seen yet
+  (version = number of append messages the group has received);
+- `speculate([DraftQuery, ...])` -> `[Draft]`.
+
+`InProcessDraftService` holds the contexts. `DraftReplica` mirrors chosen groups of any service
+through `sync` and drafts locally (the paper's instances fetching incremental updates from the
+grouped draft server), forwarding its appends to the source.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+
+from seer_jax.drafting.context import DraftConfig, GroupDraftContext
+from seer_jax.drafting.draft import Draft
+from seer_jax.errors import InputError
+
+
+def _tokens(token_ids: Iterable[int]) -> np.ndarray:
+    arr = np.asarray(token_ids if isinstance(token_ids, np.ndarray) else list(token_ids))
+    if arr.ndim != 1 or (arr.size and not np.issubdtype(arr.dtype, np.integer)):
+        raise InputError(f"token_ids must be a 1-D sequence of ints, got shape {arr.shape}")
+    return arr.astype(np.int32, copy=False)
+
+
+@dataclasses.dataclass(frozen=True)
+class DraftAppend:
+    """Tokens appended to a request of a group (request_id None: the group's prompt)."""
+
+    group_id: str
+    request_id: str | None
+    token_ids: np.ndarray  # int32 [n]
+
+    @staticmethod
+    def make(group_id: str, request_id: str | None, token_ids: Iterable[int]) -> DraftAppend:
+        return DraftAppend(group_id, request_id, _tokens(token_ids))
+
+
+@dataclasses.dataclass(frozen=True)
+class DraftQuery:
+    """Ask for a draft for one request: ≤ max_nodes nodes, paths ≤ max_depth, top-`width`
+    branches at forks (1 = chain); min_prob None = the service's configured value."""
+
+    group_id: str
+    request_id: str
+    max_nodes: int = 8
+    max_depth: int = 8
+    width: int = 1
+    min_prob: float | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class GroupUpdate:
+    """The appends of a group with versions in (since_version, version]."""
+
+    group_id: str
+    since_version: int
+    version: int
+    appends: tuple[DraftAppend, ...]
+
+
+@runtime_checkable
+class DraftService(Protocol):
+    def append(self, group_id: str, request_id: str | None, token_ids: Iterable[int]) -> int:
+        """Append tokens; returns the group's new version."""
+
+    def append_batch(self, appends: Sequence[DraftAppend]) -> None:
+        """Apply several appends in order."""
+
+    def sync(
+        self, group_ids: Sequence[str], since_version: int | Mapping[str, int] = 0
+    ) -> list[GroupUpdate]:
+        """The appends after `since_version` (one int for all groups, or per group)."""
+
+    def speculate(self, queries: Sequence[DraftQuery]) -> list[Draft]:
+        """One draft per query (empty drafts for unknown groups or nothing to draft from)."""
+
+    def close_group(self, group_id: str) -> None:
+        """Forget a group (its rollout is over)."""
+
+
+class InProcessDraftService:
+    """Draft contexts held in this process (see module docstring).
+
+    keep_log: keep every append message so `sync` can serve replicas (memory: the group's tokens
+      once more, as int32).
+    """
+
+    def __init__(self, config: DraftConfig | None = None, keep_log: bool = True) -> None:
+        self.config = (config or DraftConfig()).validate()
+        self.keep_log = keep_log
+        self._groups: dict[str, GroupDraftContext] = {}
+        self._logs: dict[str, list[DraftAppend]] = {}
+        self._versions: dict[str, int] = {}
+
+    # -- writes ----------------------------------------------------------------------------------
+
+    def _apply(self, msg: DraftAppend) -> int:
+        ctx = self._groups.get(msg.group_id)
+        if ctx is None:
+            ctx = self._groups[msg.group_id] = GroupDraftContext(self.config)
+            self._logs[msg.group_id] = []
+            self._versions[msg.group_id] = 0
+        if msg.request_id is None:
+            ctx.set_prompt(msg.token_ids.tolist())
+        else:
+            ctx.append(msg.request_id, msg.token_ids.tolist())
+        if self.keep_log:
+            self._logs[msg.group_id].append(msg)
+        self._versions[msg.group_id] += 1
+        return self._versions[msg.group_id]
+
+    def append(self, group_id: str, request_id: str | None, token_ids: Iterable[int]) -> int:
+        return self._apply(DraftAppend.make(group_id, request_id, token_ids))
+
+    def append_batch(self, appends: Sequence[DraftAppend]) -> None:
+        for msg in appends:
+            self._apply(msg)
+
+    def finish_request(self, group_id: str, request_id: str) -> None:
+        ctx = self._groups.get(group_id)
+        if ctx is not None:
+            ctx.finish_request(request_id)
+
+    def close_group(self, group_id: str) -> None:
+        self._groups.pop(group_id, None)
+        self._logs.pop(group_id, None)
+        self._versions.pop(group_id, None)
+
+    # -- reads -----------------------------------------------------------------------------------
+
+    def version(self, group_id: str) -> int:
+        return self._versions.get(group_id, 0)
+
+    def context(self, group_id: str) -> GroupDraftContext | None:
+        return self._groups.get(group_id)
+
+    def sync(
+        self, group_ids: Sequence[str], since_version: int | Mapping[str, int] = 0
+    ) -> list[GroupUpdate]:
+        if not self.keep_log:
+            raise InputError("this draft service keeps no append log (keep_log=False): no sync")
+        out = []
+        for gid in group_ids:
+            since = since_version.get(gid, 0) if isinstance(since_version, Mapping) else since_version
+            version = self._versions.get(gid, 0)
+            if since > version or since < 0:
+                raise InputError(f"group {gid!r}: since_version={since} outside [0, {version}]")
+            log = self._logs.get(gid, [])
+            out.append(GroupUpdate(gid, since, version, tuple(log[since:version])))
+        return out
+
+    def speculate(self, queries: Sequence[DraftQuery]) -> list[Draft]:
+        return _speculate(self._groups, queries)
+
+
+def _speculate(groups: Mapping[str, GroupDraftContext], queries: Sequence[DraftQuery]) -> list[Draft]:
+    out = []
+    for q in queries:
+        ctx = groups.get(q.group_id)
+        if ctx is None:
+            out.append(Draft.empty())
+            continue
+        out.append(ctx.speculate(q.request_id, q.max_nodes, q.max_depth, q.width, q.min_prob))
+    return out
+
+
+class DraftReplica:
+    """A local mirror of some groups of a `DraftService` (e.g. one per engine instance).
+
+    `refresh(group_ids)` pulls the appends it has not seen; `speculate` drafts from the local
+    mirror; `append` forwards to the source (the local view catches up at the next refresh).
+    """
+
+    def __init__(self, source: DraftService, config: DraftConfig | None = None) -> None:
+        self.source = source
+        self.config = (config or DraftConfig()).validate()
+        self._groups: dict[str, GroupDraftContext] = {}
+        self._versions: dict[str, int] = {}
+
+    def append(self, group_id: str, request_id: str | None, token_ids: Iterable[int]) -> int:
+        return self.source.append(group_id, request_id, token_ids)
+
+    def append_batch(self, appends: Sequence[DraftAppend]) -> None:
+        self.source.append_batch(appends)
+
+    def refresh(self, group_ids: Sequence[str]) -> int:
+        """Apply the source's new appends for these groups; returns how many were applied."""
+        updates = self.source.sync(list(group_ids), {g: self._versions.get(g, 0) for g in group_ids})
+        applied = 0
+        for up in updates:
+            ctx = self._groups.get(up.group_id)
+            if ctx is None:
+                ctx = self._groups[up.group_id] = GroupDraftContext(self.config)
+            for msg in up.appends:
+                if msg.request_id is None:
+                    ctx.set_prompt(msg.token_ids.tolist())
+                else:
+                    ctx.append(msg.request_id, msg.token_ids.tolist())
+            applied += len(up.appends)
+            self._versions[up.group_id] = up.version
+        return applied
+
+    def version(self, group_id: str) -> int:
+        return self._versions.get(group_id, 0)
+
+    def sync(
+        self, group_ids: Sequence[str], since_version: int | Mapping[str, int] = 0
+    ) -> list[GroupUpdate]:
+        return self.source.sync(group_ids, since_version)
+
+    def speculate(self, queries: Sequence[DraftQuery]) -> list[Draft]:
+        return _speculate(self._groups, queries)
+
+    def close_group(self, group_id: str) -> None:
+        self._groups.pop(group_id, None)
+        self._versions.pop(group_id, None)

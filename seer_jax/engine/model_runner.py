@@ -1,0 +1,277 @@
+"""Device side of the engine: the paged KV cache and the jitted step.
+
+One step runs the decoder over a flat batch of N tokens laid out in two ragged regions:
+  decode region  [0, n_dec * q_dec)          sequences with q_len <= q_dec (decode; verify trees)
+  prefill region [n_dec * q_dec, N)          up to n_pre sequences of chunked prefill
+Each region is one `ragged_paged_attention` call per layer (on CPU the jnp reference, whose cost
+scales with max_q_len, so splitting keeps decodes cheap next to a long prefill chunk). All shapes
+come from a small set of padded buckets (`Layout`), so steady state never recompiles.
+
+KV cache: k_all, v_all [num_layers, num_kv_heads, num_pages, page_size, head_dim], carried
+through the layer scan and donated to every step, so updates happen in place.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from seer_jax.engine.cpu_attention import gather_pages, paged_decode_attention
+from seer_jax.model.config import ModelConfig
+from seer_jax.model.llama import Params, forward, jnp_dtype
+from seer_jax.model.sampling import request_keys, sample_tokens, top_logprobs
+from seer_jax.model.sharding import ShardingRules, shard_params
+from seer_jax.pallas import ragged_paged_attention
+from seer_jax.pallas.acceptance import accept_draft_tree
+from seer_jax.pallas.checks import resolve_impl
+
+TRACE_COUNTS: dict[str, int] = {"step": 0}
+_EXECUTABLES: dict[tuple, object] = {}  # compiled steps by (function, static args, shapes, sharding)
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    n_dec: int  # decode-region sequence slots
+    q_dec: int  # max query tokens per decode sequence (1 = plain decode)
+    n_pre: int  # prefill-region sequence slots
+    t_pre: int  # prefill-region token slots
+    pps: int  # pages per sequence in the page tables
+
+    @property
+    def num_tokens(self) -> int:
+        return self.n_dec * self.q_dec + self.t_pre
+
+    @property
+    def num_rows(self) -> int:
+        """Rows of logits: every decode-region token, plus one per prefill sequence."""
+        return self.n_dec * self.q_dec + self.n_pre
+
+
+def bucket(n: int, minimum: int, maximum: int | None = None) -> int:
+    b = minimum
+    while b < n:
+        b *= 2
+    return b if maximum is None else min(b, max(maximum, n))
+
+
+def fine_bucket(n: int, minimum: int, maximum: int | None = None) -> int:
+    """Like `bucket` but about 4 sizes per octave (8, 16, 24, ..., 64, 80, 96, 120, 144, ... for
+    minimum 8): less padding for a slowly shrinking decode batch, for a few more compiles."""
+    b = minimum
+    while b < n:
+        b += minimum * max(1, b // (4 * minimum))
+    return b if maximum is None else min(b, max(maximum, n))
+
+
+def uses_cpu_decode(impl: str, layout: Layout) -> bool:
+    """Whether the decode region runs `cpu_attention.paged_decode_attention` (reference impl,
+    plain one-token decode): its cost does not depend on the page-table width."""
+    return layout.q_dec == 1 and resolve_impl(impl) == "reference"
+
+
+def _paged_attention(cache, meta, layer, q, k, v, *, layout: Layout, impl: str):
+    k_all, v_all = cache
+    _, _, num_pages, page_size, _ = k_all.shape
+    slots = meta["slots"]
+    n_slots = num_pages * page_size
+    s = jnp.where((slots >= 0) & (slots < n_slots), slots, n_slots)
+    pg, off = s // page_size, s % page_size
+    k_all = k_all.at[layer, :, pg, off].set(k.astype(k_all.dtype), mode="drop")
+    v_all = v_all.at[layer, :, pg, off].set(v.astype(v_all.dtype), mode="drop")
+    outs = []
+    split = layout.n_dec * layout.q_dec
+    reference = resolve_impl(impl) == "reference"
+
+    def pool(page_table):
+        """(k_pages, v_pages, page_table) for one region. For the jnp reference, only the
+        region's pages are gathered (slicing the layer out of the cache would copy its whole
+        page pool, on every layer of every step)."""
+        if not reference:
+            return k_all[layer], v_all[layer], page_table
+        flat = page_table.reshape(-1)
+        table = jnp.arange(flat.shape[0], dtype=jnp.int32).reshape(page_table.shape)
+        return gather_pages(k_all, flat, layer), gather_pages(v_all, flat, layer), table
+
+    if layout.n_dec and uses_cpu_decode(impl, layout) and meta.get("dec_parents") is None:
+        outs.append(paged_decode_attention(
+            q[:split], k_all, v_all, meta["dec_kv_lens"], meta["dec_pages"], meta["dec_num"],
+            layer=layer))
+    elif layout.n_dec:
+        kp, vp, table = pool(meta["dec_pages"])
+        outs.append(ragged_paged_attention(
+            q[:split], kp, vp, meta["dec_kv_lens"], table,
+            meta["dec_cu"], meta["dec_num"], tree_parents=meta.get("dec_parents"),
+            max_q_len=layout.q_dec, impl=impl))
+    if layout.n_pre:
+        kp, vp, table = pool(meta["pre_pages"])
+        outs.append(ragged_paged_attention(
+            q[split:], kp, vp, meta["pre_kv_lens"], table,
+            meta["pre_cu"], meta["pre_num"], max_q_len=layout.t_pre, impl=impl))
+    out = outs[0] if len(outs) == 1 else jnp.concatenate(outs, axis=0)
+    return out, (k_all, v_all)
+
+
+@functools.partial(jax.jit, static_argnames=("cfg", "layout", "impl", "num_top"),
+                   donate_argnames=("k_all", "v_all"))
+def _sample_step(params, k_all, v_all, batch, *, cfg, layout, impl, num_top):
+    TRACE_COUNTS["step"] += 1
+    attention = functools.partial(_paged_attention, layout=layout, impl=impl)
+    logits, (k_all, v_all) = forward(params, cfg, batch["tokens"], batch["positions"],
+                                     (k_all, v_all), batch, attention,
+                                     logits_index=batch["logits_index"])
+    keys = request_keys(batch["seeds"], batch["gen_index"])
+    toks, lps = sample_tokens(logits, keys, batch["temperature"], batch["top_p"], batch["top_k"])
+    top = None
+    if num_top:
+        top = top_logprobs(logits, batch["temperature"], batch["top_p"], batch["top_k"], num_top)
+    return k_all, v_all, toks, lps, top
+
+
+@functools.partial(jax.jit, static_argnames=("cfg", "layout", "impl"),
+                   donate_argnames=("k_all", "v_all"))
+def _verify_step(params, k_all, v_all, batch, *, cfg, layout, impl):
+    """Speculative step: the decode region holds [last token, draft nodes...] per sequence (a
+    token tree via dec_parents); every decode-region token gets logits, and the draft tree is
+    accepted or rejected losslessly. Prefill rows are sampled as usual."""
+    TRACE_COUNTS["step"] += 1
+    attention = functools.partial(_paged_attention, layout=layout, impl=impl)
+    logits, (k_all, v_all) = forward(params, cfg, batch["tokens"], batch["positions"],
+                                     (k_all, v_all), batch, attention,
+                                     logits_index=batch["logits_index"])
+    nd, q = layout.n_dec, layout.q_dec
+    keys = request_keys(batch["seeds"], batch["gen_index"])
+    temp, top_p, top_k = batch["temperature"], batch["top_p"], batch["top_k"]
+    res = accept_draft_tree(batch["draft_tokens"], batch["draft_parents"], batch["num_draft"],
+                            logits[: nd * q].reshape(nd, q, -1), temp[: nd * q: q],
+                            top_p[: nd * q: q], top_k[: nd * q: q], keys[: nd * q: q])
+    pre = None
+    if layout.n_pre:
+        pre = sample_tokens(logits[nd * q:], keys[nd * q:], temp[nd * q:], top_p[nd * q:],
+                            top_k[nd * q:])
+    return k_all, v_all, res, pre
+
+
+@functools.partial(jax.jit, donate_argnames=("k_all", "v_all"))
+def _move_slots(k_all, v_all, src, dst):
+    L, H, P, S, D = k_all.shape
+    kf, vf = k_all.reshape(L, H, P * S, D), v_all.reshape(L, H, P * S, D)
+    kf = kf.at[:, :, dst].set(kf[:, :, src])
+    vf = vf.at[:, :, dst].set(vf[:, :, src])
+    return kf.reshape(L, H, P, S, D), vf.reshape(L, H, P, S, D)
+
+
+@functools.partial(jax.jit, donate_argnames=("k_all", "v_all"))
+def _copy_pages(k_all, v_all, src, dst):
+    return k_all.at[:, :, dst].set(k_all[:, :, src]), v_all.at[:, :, dst].set(v_all[:, :, src])
+
+
+@functools.partial(jax.jit, donate_argnames=("k_all", "v_all"))
+def _write_pages(k_all, v_all, pages, k_new, v_new):
+    return k_all.at[:, :, pages].set(k_new), v_all.at[:, :, pages].set(v_new)
+
+
+@jax.jit
+def _read_pages(k_all, v_all, pages):
+    return k_all[:, :, pages], v_all[:, :, pages]
+
+
+class ModelRunner:
+    """Owns params and the paged KV cache of one engine, on one mesh slice."""
+
+    def __init__(self, cfg: ModelConfig, params: Params, num_pages: int, page_size: int,
+                 mesh: Mesh | None = None, attention_impl: str = "auto",
+                 rules: ShardingRules = ShardingRules()):
+        self.cfg = cfg
+        self.page_size = page_size
+        self.num_pages = num_pages
+        self.mesh = mesh
+        self.impl = attention_impl
+        self.compile_s = 0.0  # time spent compiling new step shapes
+        self.rules = rules
+        self.set_params(params)
+        shape = (cfg.num_layers, cfg.num_kv_heads, num_pages, page_size, cfg.head_dim)
+        dtype = jnp_dtype(cfg)
+        if mesh is not None:
+            tp = mesh.shape.get("tp", 1)
+            spec = PartitionSpec(None, "tp" if cfg.num_kv_heads % tp == 0 else None)
+            sharding = NamedSharding(mesh, spec)
+            zeros = jax.jit(lambda: jnp.zeros(shape, dtype), out_shardings=sharding)
+            self.k_all, self.v_all = zeros(), zeros()
+        else:
+            self.k_all, self.v_all = jnp.zeros(shape, dtype), jnp.zeros(shape, dtype)
+
+    def set_params(self, params: Params) -> None:
+        self.params = shard_params(params, self.mesh, self.rules) if self.mesh is not None else params
+
+    def _executable(self, fn, dev: dict, **static):
+        """The compiled step for these shapes: compiled ahead of time on first use (its time
+        goes to `compile_s`, not to the step), shared by every runner with the same shapes and
+        shardings."""
+        key = (fn.__name__, tuple(sorted(static.items())), tuple(sorted((k, v.shape) for k, v in dev.items())),
+               self.k_all.shape, str(self.k_all.dtype), str(self.k_all.sharding),
+               tuple(sorted(d.id for d in self.k_all.sharding.device_set)))
+        exe = _EXECUTABLES.get(key)
+        if exe is None:
+            t0 = time.perf_counter()
+            exe = fn.lower(self.params, self.k_all, self.v_all, dev, **static).compile()
+            self.compile_s += time.perf_counter() - t0
+            _EXECUTABLES[key] = exe
+        return exe
+
+    def sample(self, layout: Layout, batch: dict[str, np.ndarray], num_top: int = 0):
+        dev = {k: jnp.asarray(v) for k, v in batch.items()}
+        exe = self._executable(_sample_step, dev, cfg=self.cfg, layout=layout, impl=self.impl,
+                               num_top=num_top)
+        self.k_all, self.v_all, toks, lps, top = exe(self.params, self.k_all, self.v_all, dev)
+        toks, lps = np.asarray(toks), np.asarray(lps)
+        if top is not None:
+            top = (np.asarray(top[0]), np.asarray(top[1]))
+        return toks, lps, top
+
+    def verify(self, layout: Layout, batch: dict[str, np.ndarray]):
+        """Run a speculative step; returns host arrays (tokens [n_dec, q], logprobs [n_dec, q],
+        num_accepted [n_dec], accepted_nodes [n_dec, q-1]) and the prefill (tokens, logprobs)."""
+        dev = {k: jnp.asarray(v) for k, v in batch.items()}
+        exe = self._executable(_verify_step, dev, cfg=self.cfg, layout=layout, impl=self.impl)
+        self.k_all, self.v_all, res, pre = exe(self.params, self.k_all, self.v_all, dev)
+        out = (np.asarray(res.tokens), np.asarray(res.logprobs), np.asarray(res.num_accepted),
+               np.asarray(res.accepted_nodes))
+        return out, (None if pre is None else (np.asarray(pre[0]), np.asarray(pre[1])))
+
+    def move_slots(self, src: list[int], dst: list[int]) -> None:
+        """Copy the K/V at cache slots src to slots dst (all layers): compacts an accepted tree
+        path into consecutive positions."""
+        if src:
+            self.k_all, self.v_all = _move_slots(self.k_all, self.v_all, jnp.asarray(src, jnp.int32),
+                                                 jnp.asarray(dst, jnp.int32))
+
+    def copy_pages(self, pairs: list[tuple[int, int]]) -> None:
+        if not pairs:
+            return
+        src = jnp.asarray([p[0] for p in pairs], jnp.int32)
+        dst = jnp.asarray([p[1] for p in pairs], jnp.int32)
+        self.k_all, self.v_all = _copy_pages(self.k_all, self.v_all, src, dst)
+
+    def read_kv(self, pages: list[int], num_tokens: int) -> tuple[np.ndarray, np.ndarray]:
+        """Host copies [num_layers, num_kv_heads, num_tokens, head_dim] of a page table's tokens."""
+        k, v = _read_pages(self.k_all, self.v_all, jnp.asarray(pages, jnp.int32))
+        L, H, P, S, D = k.shape
+        k = np.asarray(k).reshape(L, H, P * S, D)[:, :, :num_tokens]
+        v = np.asarray(v).reshape(L, H, P * S, D)[:, :, :num_tokens]
+        return k, v
+
+    def write_kv(self, pages: list[int], k: np.ndarray, v: np.ndarray) -> None:
+        L, H, n, D = k.shape
+        S = self.page_size
+        pad = len(pages) * S - n
+        k = np.pad(k, ((0, 0), (0, 0), (0, pad), (0, 0))).reshape(L, H, len(pages), S, D)
+        v = np.pad(v, ((0, 0), (0, 0), (0, pad), (0, 0))).reshape(L, H, len(pages), S, D)
+        dtype = self.k_all.dtype
+        self.k_all, self.v_all = _write_pages(self.k_all, self.v_all, jnp.asarray(pages, jnp.int32),
+                                              jnp.asarray(k, dtype), jnp.asarray(v, dtype))

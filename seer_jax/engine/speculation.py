@@ -1,0 +1,71 @@
+"""Grouped speculative decoding inside the engine: drafts from the group draft service, the
+adaptive budget, and the bookkeeping after lossless verification.
+
+Every generated token is appended to the draft service (the group's shared context). Each step,
+the budget (`SpeculationBudget`, the paper's Alg. 1) decides whether to speculate for the current
+decode batch and how many draft nodes each sequence gets; drafts are token trees (parents), which
+the engine verifies in one ragged forward (`ModelRunner.verify`) and accepts by rejection
+sampling (`seer_jax.pallas.accept_draft_tree`).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from seer_jax.drafting.budget import SpeculationBudget
+from seer_jax.drafting.draft import Draft
+from seer_jax.drafting.service import DraftQuery, InProcessDraftService
+
+
+class Speculator:
+    def __init__(self, service=None, budget: SpeculationBudget | None = None):
+        self.service = service if service is not None else InProcessDraftService()
+        self.budget = budget if budget is not None else SpeculationBudget()
+        self._prompted: set[str] = set()
+        self.proposed = 0
+        self.accepted = 0
+        self.spec_steps = 0
+
+    def on_add(self, group_id: str, prompt: list[int]) -> None:
+        if group_id not in self._prompted:
+            version = getattr(self.service, "version", None)
+            if version is None or version(group_id) == 0:
+                self.service.append(group_id, None, prompt)
+            self._prompted.add(group_id)
+
+    def on_tokens(self, group_id: str, request_id: str, tokens: list[int]) -> None:
+        if tokens:
+            self.service.append(group_id, request_id, tokens)
+
+    def on_finish(self, group_id: str, request_id: str) -> None:
+        finish = getattr(self.service, "finish_request", None)
+        if finish is not None:
+            finish(group_id, request_id)
+
+    def propose(self, seqs, limits: list[int]) -> list[Draft] | None:
+        """Drafts for the decode batch, or None when the budget turns speculation off.
+        limits[i]: the most draft tokens sequence i may still use (tokens left in its budget)."""
+        plan = self.budget.plan(len(seqs))
+        if not plan.enabled:
+            return None
+        queries = [DraftQuery(s.group_id, s.request_id, max_nodes=plan.max_nodes_per_request,
+                              max_depth=plan.max_depth, width=plan.width) for s in seqs]
+        drafts = self.service.speculate(queries)
+        drafts = self.budget.allocate(drafts, [s.priority for s in seqs], plan)
+        out = []
+        for d, lim in zip(drafts, limits, strict=True):
+            if len(d) and lim < plan.max_depth:
+                d = d.select(d.depths() <= lim) if lim > 0 else Draft.empty(d.match_len)
+            out.append(d)
+        return out
+
+    def observe(self, drafts: list[Draft], accepted: list[int]) -> None:
+        self.budget.stats.observe_drafts(drafts, accepted)
+        self.proposed += int(sum(len(d) for d in drafts))
+        self.accepted += int(sum(accepted))
+        self.spec_steps += 1
+
+
+def verify_parents(draft: Draft) -> np.ndarray:
+    """Tree parents over [root, nodes...] relative to the root: root -1, node j -> parent + 1."""
+    return np.concatenate([[-1], draft.parents.astype(np.int32) + 1]).astype(np.int32)

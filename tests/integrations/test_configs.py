@@ -1,0 +1,82 @@
+"""Deployment configs: every top-level configs/*.py loads and validates without devices."""
+
+import pathlib
+
+import pytest
+
+from seer_jax.config_files import load_config_file
+from seer_jax.errors import ConfigError
+from seer_jax.integrations.deploy_config import (
+    default_config,
+    model_config,
+    validate_config,
+    weight_bytes_per_device,
+)
+
+CONFIG_DIR = pathlib.Path(__file__).resolve().parents[2] / "configs"
+FILES = sorted(CONFIG_DIR.glob("*.py"))
+
+
+def test_config_files_exist():
+    names = {f.stem for f in FILES}
+    assert {"demo", "gpu_8xh200", "tpu_v5p64_qwen25_7b", "tpu_v6e32_llama3_8b"} <= names
+
+
+@pytest.mark.parametrize("path", FILES, ids=[f.stem for f in FILES])
+def test_config_file_loads_and_validates(path):
+    c = load_config_file(path)
+    summary = validate_config(c)
+    assert summary["num_instances"] * summary["tp"] == c.mesh.devices
+    if c.mesh.hbm_gib_per_device:
+        assert summary["weight_gib_per_device"] + summary["kv_gib_per_device"] <= c.mesh.hbm_gib_per_device
+    cfg = model_config(c)
+    assert cfg.num_heads % c.mesh.tp == 0
+
+
+def test_layouts_of_the_shipped_configs():
+    expect = {"gpu_8xh200": (4, 2, 8), "tpu_v5p64_qwen25_7b": (8, 4, 32),
+              "tpu_v6e32_llama3_8b": (8, 4, 32), "demo": (2, 2, 4)}
+    for name, layout in expect.items():
+        m = load_config_file(CONFIG_DIR / f"{name}.py").mesh
+        assert (m.num_instances, m.tp, m.devices) == layout
+
+
+def test_weight_bytes_follow_the_sharding_rules():
+    c = load_config_file(CONFIG_DIR / "tpu_v6e32_llama3_8b.py")
+    cfg = model_config(c)
+    full = weight_bytes_per_device(cfg, 1)
+    assert full == cfg.num_params() * 2  # bf16, nothing split
+    # at tp4 everything but embeddings and norms is split 4 ways
+    replicated = 2 * (2 * cfg.vocab_size * cfg.hidden_size + cfg.hidden_size
+                      + 2 * cfg.num_layers * cfg.hidden_size)
+    assert weight_bytes_per_device(cfg, 4) == replicated + (full - replicated) // 4
+
+
+@pytest.mark.parametrize("override, key", [
+    (["--config.mesh.devices=16"], r"config\.mesh\.devices=16 .*num_instances x tp = 8 x 4 = 32"),
+    (["--config.mesh.tp=8", "--config.mesh.devices=64"], r"config\.mesh\.tp=8 .*num_heads=28"),
+    (["--config.engine.kv_memory_gib=900.0"], r"config\.engine\.kv_memory_gib=900\.0 .*hbm_gib_per_device"),
+    (["--config.policies='fifo'"], r"config\.policies='fifo' is invalid; allowed: .*seer"),
+    (["--config.controller.chunk_size=0"], r"config\.controller\.chunk_size=0"),
+    (["--config.sampling.group_size=1"], r"config\.sampling\.group_size=1 .*>= 2"),
+    (["--config.sampling.max_tokens=40000"], r"config\.sampling\.max_tokens=40000 .*context of 33792"),
+    (["--config.engine.page_size=0"], r"page_size=0"),
+])
+def test_bad_values_name_key_value_and_allowed(override, key):
+    c = load_config_file(CONFIG_DIR / "tpu_v5p64_qwen25_7b.py", override)
+    with pytest.raises(ConfigError, match=key):
+        validate_config(c)
+
+
+def test_device_count_checked_when_given():
+    c = default_config()
+    assert validate_config(c, num_devices=4)["devices"] == 4
+    with pytest.raises(ConfigError, match=r"mesh\.devices=4 .*the 8 devices present"):
+        validate_config(c, num_devices=8)
+    c.mesh.num_instances, c.mesh.tp, c.mesh.devices = 1, 3, 3
+    with pytest.raises(ConfigError, match=r"mesh\.tp=3 .*num_heads=4"):
+        validate_config(c)
+    c = default_config()
+    c.model.num_kv_heads = 3
+    with pytest.raises(ConfigError, match=r"config\.model: .*num_kv_heads=3"):
+        validate_config(c)

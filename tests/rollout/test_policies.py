@@ -1,0 +1,225 @@
+"""Unit tests of the production scheduling policies' ordering rules (seer paper §4.3)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from seer_jax.analysis.policies import CATALOG, Hindsight
+from seer_jax.errors import ConfigError
+from seer_jax.rollout.policies import POLICIES, GroupState, RequestState, make_policy
+from seer_jax.rollout.types import SamplingParams
+
+MAX = 1000
+
+
+def make_groups(n_groups: int, group_size: int, max_tokens: int = MAX) -> list[GroupState]:
+    groups = []
+    for gi in range(n_groups):
+        g = GroupState(f"g{gi}", gi, max_tokens)
+        for j in range(group_size):
+            g.requests.append(
+                RequestState(f"g{gi}/{j}", g, j, (1, 2, 3), SamplingParams(), max_tokens)
+            )
+        groups.append(g)
+    return groups
+
+
+def bound(name: str, groups, hindsight: Hindsight | None = None, **options):
+    """`name` (production or analysis) bound to `groups` with `options`, every request pushed."""
+    p = CATALOG.make(name, hindsight)
+    # the paper's ordering rules are tested on its estimator; the posterior's in
+    # test_seer_posterior.py
+    opts = {"starvation_pops": 0, "estimator": "max_finished"} if "starvation_pops" in type(
+        p).option_keys else {}
+    opts.update(options)
+    p.bind(groups, p.check_options(opts))
+    for g in groups:
+        for r in g.requests:
+            p.push(r)
+    return p
+
+
+def run_chunk(p, req: RequestState, tokens: int, finished: bool) -> None:
+    """What the controller does when a chunk of `req` ends (req was popped before)."""
+    req.output_ids.extend([7] * tokens)
+    if finished:
+        req.group.record_finished(req)
+        p.on_request_finished(req)
+    else:
+        req.group.record_progress(req)
+        p.on_chunk_end(req)
+        p.push(req)
+
+
+def drain(p) -> list[str]:
+    out = []
+    while (r := p.pop()) is not None:
+        out.append(r.request_id)
+    return out
+
+
+def test_registry_names_and_unknown_policy():
+    assert set(POLICIES) == {"seer", "group_round_robin", "request_fcfs"}
+    with pytest.raises(ConfigError) as e:
+        make_policy("lifo")
+    assert "lifo" in str(e.value) and "seer" in str(e.value)
+
+
+def test_seer_probes_first_one_per_group():
+    groups = make_groups(3, 4)
+    p = bound("seer", groups)
+    first = [p.pop().request_id for _ in range(3)]
+    assert first == ["g0/0", "g1/0", "g2/0"]
+    assert all(groups[i].requests[0].is_probe for i in range(3))
+    assert p.priority(groups[0].requests[0]) == 1 and p.priority(groups[0].requests[1]) == 0
+
+
+def test_seer_probes_are_shortest_generated_first():
+    groups = make_groups(3, 2)
+    p = bound("seer", groups)
+    probes = [p.pop() for _ in range(3)]
+    # probes come back unfinished with different progress: 300, 100, 200 tokens
+    for r, n in zip(probes, (300, 100, 200), strict=True):
+        run_chunk(p, r, n, finished=False)
+    order = [p.pop().request_id for _ in range(3)]
+    assert order == ["g1/0", "g2/0", "g0/0"]
+
+
+def test_seer_unknown_groups_are_assumed_long_and_lfs_follows_estimates():
+    groups = make_groups(3, 3)
+    p = bound("seer", groups)
+    probes = [p.pop() for _ in range(3)]
+    run_chunk(p, probes[0], 50, finished=True)  # g0 short
+    run_chunk(p, probes[1], 400, finished=True)  # g1 long
+    # g2 unknown: its siblings are assumed max_tokens long and go first, then g1 (400), then g0 (50)
+    run_chunk(p, probes[2], 100, finished=False)
+    assert groups[2].length_estimate == MAX
+    assert groups[1].length_estimate == 400 and groups[0].length_estimate == 50
+    order = drain(p)
+    assert order[0] == "g2/0"  # the unfinished probe is still in the probe class
+    assert order[1:3] == ["g2/1", "g2/2"]
+    assert order[3:] == ["g1/1", "g1/2", "g0/1", "g0/2"]
+
+
+def test_seer_estimate_updates_as_siblings_finish():
+    groups = make_groups(2, 3)
+    p = bound("seer", groups)
+    a0, b0 = p.pop(), p.pop()
+    run_chunk(p, a0, 100, finished=True)  # L_g0 = 100
+    run_chunk(p, b0, 200, finished=True)  # L_g1 = 200
+    nxt = p.pop()
+    assert nxt.request_id == "g1/1"
+    # a sibling of g0 finishes long: g0's estimate rises to 500 and its buffered sibling jumps ahead
+    g0_1 = groups[0].requests[1]
+    g0_1.in_buffer = False  # pretend it ran elsewhere (pulled out of the buffer)
+    p.size -= 1
+    run_chunk(p, g0_1, 500, finished=True)
+    assert groups[0].length_estimate == 500
+    assert p.pop().request_id == "g0/2"
+    assert p.pop().request_id == "g1/2"
+    assert p.pop() is None
+
+
+def test_seer_estimate_raised_by_running_sibling_progress():
+    groups = make_groups(2, 3)
+    p = bound("seer", groups)
+    a0, b0 = p.pop(), p.pop()
+    run_chunk(p, a0, 10, finished=True)  # g0: 10
+    run_chunk(p, b0, 300, finished=True)  # g1: 300
+    a1 = p.pop()  # g1/1 first (300 > 10)
+    assert a1.request_id == "g1/1"
+    g0_1 = p.pop()
+    assert g0_1.request_id == "g1/2"
+    g0_1 = p.pop()
+    assert g0_1.request_id == "g0/1"
+    # g0/1 has generated 600 tokens and is still going: g0 is at least 600 long
+    run_chunk(p, g0_1, 600, finished=False)
+    assert groups[0].length_estimate == 600
+    assert p.pop().request_id == "g0/1"
+
+
+def test_seer_probe_leaves_probe_class_once_group_has_estimate():
+    groups = make_groups(2, 2)
+    p = bound("seer", groups)
+    probe0 = p.pop()
+    run_chunk(p, probe0, 100, finished=False)  # back in probe queue
+    g0_1 = groups[0].requests[1]
+    g1 = p.pop()  # next probe: g1/0
+    assert g1.request_id == "g1/0"
+    # g0/1 popped and finished before its probe
+    assert p.pop().request_id == "g0/0"  # probe (SFS) before the LFS class
+    p.push(probe0, requeue=True)
+    nxt = p.pop()
+    assert nxt is probe0
+    p.push(probe0, requeue=True)
+    assert g0_1.in_buffer
+    g0_1.in_buffer = False
+    p.size -= 1
+    run_chunk(p, g0_1, 30, finished=True)
+    assert not p.probe_active(probe0) and p.priority(probe0) == 0
+    # remaining: g1/1 (unknown group: assumed max_tokens) then g0/0 (L=max(30, 100)=100)
+    assert drain(p) == ["g1/1", "g0/0"]
+
+
+def test_seer_starvation_guard_serves_old_requests():
+    groups = make_groups(1, 1) + make_groups(1, 1)
+    groups[1].group_id, groups[1].index = "g1", 1
+    groups[1].requests[0].request_id = "g1/0"
+    # g0 known short, g1 long: new g1 work keeps arriving; g0's request must not wait forever
+    p = make_policy("seer")
+    p.bind(groups, {"starvation_pops": 3, "estimator": "max_finished"})
+    a, b = groups[0].requests[0], groups[1].requests[0]
+    a.is_probe = b.is_probe = False
+    groups[0].finished_max_len, groups[1].finished_max_len = 10, 900
+    p.push(a)
+    served = []
+    for _ in range(6):
+        p.push(b)
+        r = p.pop()
+        served.append(r.request_id)
+        if r is a:
+            break
+    assert served[:4] == ["g1/0"] * 4 and served[4] == "g0/0"
+    assert p.starved_pops == 1
+
+
+def test_seer_without_guard_is_strict_lfs():
+    groups = make_groups(2, 1)
+    p = make_policy("seer")
+    p.bind(groups, {"starvation_pops": 0, "estimator": "max_finished"})
+    a, b = groups[0].requests[0], groups[1].requests[0]
+    a.is_probe = b.is_probe = False
+    groups[0].finished_max_len, groups[1].finished_max_len = 10, 900
+    p.push(a)
+    for _ in range(20):
+        p.push(b)
+        assert p.pop() is b
+    assert p.pop() is a
+
+
+def test_requeue_keeps_place_in_line():
+    groups = make_groups(1, 3)
+    p = bound("request_fcfs", groups)
+    r0 = p.pop()
+    p.push(r0, requeue=True)
+    assert drain(p) == ["g0/0", "g0/1", "g0/2"]
+
+
+def test_request_fcfs_is_first_come_first_served():
+    groups = make_groups(2, 2)
+    p = bound("request_fcfs", groups)
+    r = p.pop()
+    assert r.request_id == "g0/0"
+    run_chunk(p, r, 10, finished=False)  # goes to the back
+    assert drain(p) == ["g0/1", "g1/0", "g1/1", "g0/0"]
+
+
+def test_policy_flags():
+    assert POLICIES["group_round_robin"].divided is False
+    assert POLICIES["group_round_robin"].kv_admission is False
+    for name in ("seer", "request_fcfs"):
+        assert POLICIES[name].divided and POLICIES[name].kv_admission
+    for name in ("oracle_lfs", "oracle_group_lfs", "seer_running_oracle", "seer_prompt_oracle"):
+        assert CATALOG.classes[name].divided and CATALOG.classes[name].kv_admission
