@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from rich.console import Console
 
-from seer_jax.errors import ConfigError, InputError, SeerError
 from seer_jax.analysis.policies import CATALOG, Hindsight
+from seer_jax.errors import ConfigError, InputError, SeerError
 from seer_jax.rollout.controller import Controller, ControllerConfig, request_seed, rollout
 from seer_jax.rollout.driver import EmulatedClusterDriver, WallClockDriver
 from seer_jax.rollout.kv_pool import HostKVPool

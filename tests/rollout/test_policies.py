@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import math
-
 import pytest
 
 from seer_jax.analysis.policies import CATALOG, Hindsight

@@ -7,8 +7,8 @@ import jax
 import numpy as np
 import pytest
 
-from seer_jax.engine.engine import EngineConfig
 from seer_jax.analysis.policies import CATALOG, Hindsight
+from seer_jax.engine.engine import EngineConfig
 from seer_jax.errors import ConfigError
 from seer_jax.model.config import tiny_config
 from seer_jax.model.generate import generate
