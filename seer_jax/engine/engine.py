@@ -24,7 +24,7 @@ from seer_jax.engine.model_runner import Layout, ModelRunner, bucket, fine_bucke
 from seer_jax.errors import ConfigError, InputError, SeerError
 from seer_jax.model.config import ModelConfig
 from seer_jax.model.llama import Params
-from seer_jax.rollout.types import SamplingParams
+from seer_jax.model.sampling import SamplingParams
 
 
 @dataclasses.dataclass(frozen=True)

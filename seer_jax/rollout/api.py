@@ -151,10 +151,10 @@ def run_rollout(c: ml_collections.ConfigDict,
     ensure_cpu_devices(c.num_instances * c.tp)
     from seer_jax.engine.engine import EngineConfig
     from seer_jax.model import load
-    from seer_jax.rollout.controller import rollout
     from seer_jax.rollout.engine_instance import make_engine_instances
     from seer_jax.rollout.kv_pool import HostKVPool
     from seer_jax.rollout.report import compare_summary
+    from seer_jax.rollout.run import rollout
 
     cfg, params, tok = load(c.model, c.dtype)
     prompts, _ = build_prompts(c, tok)
@@ -225,7 +225,7 @@ def rollout_groups(engines: Sequence, prompts: list[list[int]], group_size: int,
     """Run groups through existing `EngineInstance`s (e.g. kept alive by a trainer adapter).
     config: ControllerConfig fields (default chunk: the whole budget); policy_options: the
     policy's own options."""
-    from seer_jax.rollout.controller import rollout
+    from seer_jax.rollout.run import rollout
 
     pool = engines[0].pool
     return rollout(prompts, group_size=group_size, max_tokens=max_tokens, instances=list(engines),

@@ -48,7 +48,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from seer_jax.errors import ConfigError, InputError, SeerError
-from seer_jax.rollout.instance import Instance, KVPool
+from seer_jax.rollout.instance import Instance, InstanceLostError, KVPool  # noqa: F401
 from seer_jax.rollout.placement import InstanceSlot, choose_instance, least_loaded_order
 from seer_jax.rollout.policies import POLICIES, GroupState, Policy, RequestState, make_policy
 from seer_jax.rollout.types import (
@@ -60,11 +60,7 @@ from seer_jax.rollout.types import (
 )
 
 if TYPE_CHECKING:
-    from seer_jax.rollout.report import RolloutReport
-
-
-class InstanceLostError(SeerError):
-    """An instance is gone (crashed, preempted, unreachable); raised by `step()`/`submit()`."""
+    pass
 
 
 @dataclasses.dataclass
@@ -597,58 +593,3 @@ class Controller:
         self.num_done += 1
         if self.progress is not None:
             self.progress(self.num_done, self.num_requests, self.output_tokens, now)
-
-
-@dataclasses.dataclass
-class RolloutOutput:
-    results: list[ResponseResult]
-    report: RolloutReport
-
-
-def rollout(
-    groups: Sequence[Sequence[int]],
-    *,
-    group_size: int,
-    max_tokens: int,
-    instances: Sequence[Instance],
-    sampling: SamplingParams | None = None,
-    policy: str | Policy = "seer",
-    config: ControllerConfig | Mapping[str, Any] | None = None,
-    pool: KVPool | None = None,
-    clock: str = "emulated",
-    wall_clock: Callable[[], float] | None = None,
-    group_ids: Sequence[str] | None = None,
-    progress: ProgressFn | None = None,
-    detokenize: Callable[[list[int]], str] | None = None,
-    policy_options: Mapping[str, Any] | None = None,
-) -> RolloutOutput:
-    """Run one synchronous rollout: every group's prompt sampled `group_size` times.
-
-    groups: prompt token ids, one sequence per group. instances: `Instance`s with ids 0..N-1
-    (they must share `pool` for KV moves between chunks). policy: a name in `POLICIES` or a
-    built `Policy`; policy_options: its own options (e.g. seer's estimator and quantile).
-    clock: "emulated" (`EmulatedClusterDriver`, per-instance virtual clocks) or "wall"
-    (`WallClockDriver`, `wall_clock` defaults to time.perf_counter).
-    Returns every response (group order, then sample order) and the rollout report.
-    """
-    from seer_jax.rollout.driver import make_driver
-    from seer_jax.rollout.report import build_report
-
-    ctl = Controller(
-        groups,
-        group_size=group_size,
-        max_tokens=max_tokens,
-        instances=instances,
-        sampling=sampling,
-        policy=policy,
-        config=config,
-        pool=pool,
-        group_ids=group_ids,
-        progress=progress,
-        policy_options=policy_options,
-    )
-    driver = make_driver(clock, ctl, wall_clock=wall_clock)
-    driver.run()
-    results = ctl.results(detokenize)
-    report = build_report(results, ctl, driver, pool=pool)
-    return RolloutOutput(results=results, report=report)

@@ -22,10 +22,14 @@ import dataclasses
 import heapq
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from seer_jax.errors import ConfigError, SeerError
-from seer_jax.rollout.controller import Controller, InstanceLostError
+from seer_jax.rollout.instance import InstanceLostError
 from seer_jax.rollout.types import ChunkResult
+
+if TYPE_CHECKING:
+    from seer_jax.rollout.controller import Controller
 
 
 @dataclasses.dataclass

@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Protocol, runtime_checkable
 
+from seer_jax.errors import SeerError
 from seer_jax.rollout.types import ChunkRequest, InstanceLoad, StepReport
 
 
@@ -68,3 +69,7 @@ class KVPool(Protocol):
 
     def delete(self, request_id: str) -> None:
         """Forget a finished request's KV."""
+
+
+class InstanceLostError(SeerError):
+    """An instance is gone (crashed, preempted, unreachable); raised by `step()`/`submit()`."""

@@ -38,8 +38,7 @@ from collections.abc import Callable, Mapping
 import numpy as np
 
 from seer_jax.errors import ConfigError, SeerError
-from seer_jax.rollout.controller import InstanceLostError
-from seer_jax.rollout.instance import KVPool
+from seer_jax.rollout.instance import InstanceLostError, KVPool
 from seer_jax.rollout.types import ChunkRequest, ChunkResult, InstanceLoad, StepReport
 
 StepTimeFn = Callable[[int, int, int, int], float]

@@ -1,0 +1,151 @@
+"""The package's layers import only downwards, and no two modules import each other.
+
+Layers, lowest first (a module may import its own layer and any lower one):
+errors/config_files -> pallas, costs -> model -> drafting -> engine -> rollout -> sim ->
+analysis -> integrations -> commands/cli. Imports under `if TYPE_CHECKING:` are annotations
+only and do not count; imports inside functions do.
+"""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+
+import pytest
+
+PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "seer_jax"
+LAYERS = [
+    {"errors", "config_files", "__init__"},
+    {"pallas", "costs"},
+    {"model"},
+    {"drafting"},
+    {"engine"},
+    {"rollout"},
+    {"sim"},
+    {"analysis"},
+    {"integrations"},
+    {"commands", "cli"},
+]
+
+
+def layer_of(module: str) -> int:
+    top = module.split(".")[1] if module.count(".") else "__init__"
+    for i, names in enumerate(LAYERS):
+        if top in names:
+            return i
+    raise AssertionError(f"{module}: its top-level part {top!r} is in no layer; add it to LAYERS")
+
+
+def module_name(path: pathlib.Path, root: pathlib.Path) -> str:
+    rel = path.relative_to(root.parent).with_suffix("")
+    parts = list(rel.parts)
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
+def _type_checking_only(node: ast.If) -> bool:
+    t = node.test
+    return (isinstance(t, ast.Name) and t.id == "TYPE_CHECKING") or (
+        isinstance(t, ast.Attribute) and t.attr == "TYPE_CHECKING")
+
+
+def imports_of(tree: ast.AST, package: str) -> set[str]:
+    """Modules of `package` imported anywhere in `tree` except under `if TYPE_CHECKING:`."""
+    out: set[str] = set()
+
+    def visit(node: ast.AST) -> None:
+        if isinstance(node, ast.If) and _type_checking_only(node):
+            for child in node.orelse:
+                visit(child)
+            return
+        if isinstance(node, ast.Import):
+            out.update(a.name for a in node.names if a.name.split(".")[0] == package)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            if node.module.split(".")[0] == package:
+                out.add(node.module)
+                # `from seer_jax.sim import simulator` imports the submodule
+                out.update(f"{node.module}.{a.name}" for a in node.names)
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(tree)
+    return out
+
+
+def import_graph(root: pathlib.Path) -> dict[str, set[str]]:
+    modules = {module_name(p, root): p for p in root.rglob("*.py")}
+    graph = {}
+    for name, path in modules.items():
+        found = imports_of(ast.parse(path.read_text()), root.name)
+        graph[name] = {m for m in found if m in modules and m != name}
+    return graph
+
+
+def layer_violations(graph: dict[str, set[str]]) -> list[str]:
+    return sorted(f"{a} (layer {layer_of(a)}) imports {b} (layer {layer_of(b)})"
+                  for a, deps in graph.items() for b in deps if layer_of(b) > layer_of(a))
+
+
+def cycles(graph: dict[str, set[str]]) -> list[tuple[str, ...]]:
+    """Strongly connected components with more than one module (import cycles); package
+    `__init__` edges to their own submodules are re-exports, not cycles."""
+    def deps(m):
+        return {d for d in graph[m] if not d.startswith(m + ".")}
+
+    index, low, stack, on, out = {}, {}, [], set(), []
+    counter = [0]
+
+    def strong(v):
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in deps(v):
+            if w not in index:
+                strong(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(tuple(sorted(comp)))
+
+    for v in sorted(graph):
+        if v not in index:
+            strong(v)
+    return out
+
+
+def test_layers_import_only_downwards():
+    assert layer_violations(import_graph(PACKAGE)) == []
+
+
+def test_no_import_cycles():
+    assert cycles(import_graph(PACKAGE)) == []
+
+
+def test_the_check_catches_a_backwards_import_and_a_cycle(tmp_path):
+    pkg = tmp_path / "seer_jax"
+    for sub in ("model", "rollout"):
+        (pkg / sub).mkdir(parents=True)
+        (pkg / sub / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("")
+    (pkg / "model" / "generate.py").write_text(
+        "def f():\n    from seer_jax.rollout.types import SamplingParams\n")
+    (pkg / "rollout" / "types.py").write_text("from seer_jax.model import generate\n")
+    (pkg / "rollout" / "hints.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from seer_jax.sim import x\n")
+    graph = import_graph(pkg)
+    assert layer_violations(graph) == [
+        "seer_jax.model.generate (layer 2) imports seer_jax.rollout.types (layer 5)"]
+    assert cycles(graph) == [("seer_jax.model.generate", "seer_jax.rollout.types")]
+    with pytest.raises(AssertionError, match="'nowhere' is in no layer"):
+        layer_of("seer_jax.nowhere.x")
