@@ -69,12 +69,14 @@ def run(args: argparse.Namespace) -> int:
     st = work.stats()
     console.print(
         f"[bold]{cfg.name}[/bold]: {st['num_groups']} prompts x {st['num_responses'] // st['num_groups']}"
-        f" = {st['num_responses']} responses, max_tokens {st['max_tokens']}, "
+        f" = {st['num_responses']} responses, max_tokens {st['max_tokens']:,} (from "
+        f"{sim.max_tokens_source(cfg)}), "
         f"{st['total_output_tokens']:,} output tokens, ICC(log) {st['length_icc_log']:.2f}, "
         f"longest 10% hold {st['longest_10pct_token_share']:.0%} of tokens; "
         f"{cfg.cluster.num_instances} instances, KV {sim.kv_capacity_pages(cfg, cost) * cfg.cluster.page_size:,}"
         " tokens each"
     )
+    st["max_tokens_source"] = sim.max_tokens_source(cfg)
     out: dict = {"config": cfg.to_dict(), "workload": st, "cost_model": cost.describe()}
     baseline = cfg.baseline
     summary: dict = {}

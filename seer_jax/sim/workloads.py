@@ -217,10 +217,20 @@ def preset_workload(name: str, seed: int = 0, **overrides) -> Workload:
 # ----------------------------------------------------------------------------------------------
 
 
+class TraceTooLongError(ConfigError):
+    """A trace has a response longer than the max_tokens it is replayed with."""
+
+    def __init__(self, message: str, longest: int, max_tokens: int) -> None:
+        super().__init__(message)
+        self.longest = longest
+        self.max_tokens = max_tokens
+
+
 def load_trace(path: str | pathlib.Path, max_tokens: int | None = None,
                name: str | None = None) -> Workload:
     """Read a JSONL trace (one response per line). `max_tokens` defaults to the trace's
-    "max_tokens" field, else its longest response."""
+    "max_tokens" field, else its longest response; an explicit one below the longest response
+    raises TraceTooLongError (a ConfigError)."""
     path = pathlib.Path(path)
     if not path.is_file():
         raise ConfigError(f"trace file not found: {path}")
@@ -248,7 +258,8 @@ def load_trace(path: str | pathlib.Path, max_tokens: int | None = None,
         raise ConfigError(f"trace {path} has no responses")
     mt = max_tokens or trace_max or max(ol)
     if max(ol) > mt:
-        raise ConfigError(f"trace {path} has output_len {max(ol)} > max_tokens {mt}")
+        raise TraceTooLongError(f"trace {path} has output_len {max(ol)} > max_tokens {mt}",
+                                longest=max(ol), max_tokens=mt)
     group_index = np.array(gi, dtype=np.int64)
     order = np.argsort(group_index, kind="stable")
     return Workload(
