@@ -58,3 +58,28 @@ def test_r1_aime_config_replays_the_committed_trace_at_its_own_cap():
     st = sim.wl.load_trace(c.workload.trace_path).stats()
     assert st["num_groups"] == 372 and st["num_responses"] == 2976
     assert st["length_icc_log"] == pytest.approx(0.62, abs=0.01)
+
+
+def test_log_length_spread_recovers_the_synthetic_models_parameters():
+    from seer_jax.sim.workloads import LengthModel, log_length_spread, synthetic_workload
+
+    lm = LengthModel(num_prompts=800, group_size=8, max_tokens=10**7, sigma=0.56, icc=0.62,
+                     truncated_fraction=1e-4, min_tokens=1)
+    w = synthetic_workload(lm, seed=1)
+    s = log_length_spread(w.output_len, w.group_index)
+    assert s["icc"] == pytest.approx(0.62, abs=0.04)
+    assert s["sigma_within"] == pytest.approx(0.56 * (1 - 0.62) ** 0.5, rel=0.05)
+    assert s["sigma_between"] == pytest.approx(0.56 * 0.62**0.5, rel=0.08)
+    assert s["sigma"] == pytest.approx(0.56, rel=0.05)
+
+
+def test_sweep_reports_where_a_reference_trace_sits(tmp_path):
+    c = load_config_file(SMALL, ["--config.workload.num_prompts=6", "--config.sweep.iccs=[0.5]",
+                                 "--config.sweep.sigmas=[0.6]",
+                                 "--config.sweep.policies='seer,request_fcfs'",
+                                 f"--config.sweep.reference_trace='{_trace(tmp_path)}'"])
+    trace = c.sweep.reference_trace
+    ref = sim.sweep(c)["reference"]
+    w = sim.wl.load_trace(trace)
+    assert ref == {"trace": trace, **sim.wl.log_length_spread(w.output_len, w.group_index)}
+    assert ref["sigma"] > 0

@@ -116,6 +116,10 @@ def run(args: argparse.Namespace) -> int:
         sw = sim.sweep(cfg, progress=show, catalog=CATALOG)
         out["sweep"] = sw
         summary["sweep_gain"] = sw["gain"]
+        if "reference" in sw:
+            summary["sweep_reference"] = sw["reference"]
+            console.print(f"reference trace {sw['reference']['trace']}: ICC "
+                          f"{sw['reference']['icc']:.2f}, sigma {sw['reference']['sigma']:.2f}")
         if args.plots:
             import numpy as np
 
@@ -124,7 +128,8 @@ def run(args: argparse.Namespace) -> int:
             p = plots.plot_sweep(sw["iccs"], sw["sigmas"],
                                  {k: np.asarray(v) for k, v in sw["gain"].items()},
                                  pathlib.Path(args.plots) / "sweep.png",
-                                 title=f"{cfg.name}: seer's throughput gain")
+                                 title=f"{cfg.name}: seer's throughput gain",
+                                 reference=sw.get("reference"))
             console.print(f"wrote {p}")
 
     if args.plots:

@@ -105,6 +105,9 @@ def default_config() -> ml_collections.ConfigDict:
     sw.sigmas = [0.6, 1.1, 1.6]
     sw.num_prompts = 0  # 0 = the workload's num_prompts
     sw.policies = "seer,group_round_robin,request_fcfs"
+    # a length trace whose measured ICC and sigma the sweep reports (and its plot marks):
+    # where a real workload sits in the grid
+    sw.reference_trace = ""
     return c
 
 
@@ -636,9 +639,14 @@ def sweep(cfg: ml_collections.ConfigDict, progress=None, catalog: PolicyCatalog 
             cells.append(cell)
             if progress:
                 progress(cell)
-    return {"iccs": iccs, "sigmas": sigmas, "num_prompts": n_prompts, "num_instances": n_inst,
-            "cells": cells, "gain": {p: g.tolist() for p, g in gains.items()},
-            "tail_reduction": {p: t.tolist() for p, t in tails.items()}}
+    out = {"iccs": iccs, "sigmas": sigmas, "num_prompts": n_prompts, "num_instances": n_inst,
+           "cells": cells, "gain": {p: g.tolist() for p, g in gains.items()},
+           "tail_reduction": {p: t.tolist() for p, t in tails.items()}}
+    if sw.reference_trace:
+        ref = wl.load_trace(sw.reference_trace)
+        out["reference"] = {"trace": str(sw.reference_trace),
+                            **wl.log_length_spread(ref.output_len, ref.group_index)}
+    return out
 
 
 def _with_workload(cfg: ml_collections.ConfigDict, **fields) -> ml_collections.ConfigDict:
