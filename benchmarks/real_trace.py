@@ -75,7 +75,9 @@ def main() -> int:
                   f"{r['makespan_s']:6.1f} s  tail {r['tail_s']:5.1f} s  idle "
                   f"{r['idle_fraction']:.1%}  ({time.perf_counter() - t:.0f} s)", flush=True)
         per_seed[sd] = rows
-    summary: dict = {"config": args.config, "seeds": seeds,
+    config = pathlib.Path(args.config).resolve()
+    summary: dict = {"config": str(config.relative_to(ROOT)) if config.is_relative_to(ROOT)
+                     else str(config), "seeds": seeds,
                      "max_tokens": sim.build_workload(cfg).max_tokens,
                      "max_tokens_source": sim.max_tokens_source(cfg),
                      "chunk_size": int(cfg.controller.chunk_size)}
