@@ -59,6 +59,7 @@ def main() -> int:
     ap.add_argument("--no-ablation", action="store_true")
     ap.add_argument("--json", default="benchmarks/results/real_trace/r1_aime.json")
     args, overrides = ap.parse_known_args()
+    prov = provenance(sys.argv)  # the code that runs, before anything can change the tree
     cfg = load_config_file(args.config, overrides)
     sim.validate_config(cfg)
     pols = sim.policy_list(args.policies)
@@ -92,7 +93,7 @@ def main() -> int:
             summary[f"seer_tokens_per_s_ratio_vs_{p}"] = {
                 "mean": sum(ratios) / len(ratios), "min": min(ratios), "max": max(ratios),
                 "per_seed": dict(zip(map(str, seeds), ratios, strict=True))}
-    out: dict = {"provenance": provenance(sys.argv), "per_seed": per_seed}
+    out: dict = {"provenance": prov, "per_seed": per_seed}
     if not args.no_ablation:
         runs = sim.ablation(cfg)
         abl = sim.summarize(runs)
