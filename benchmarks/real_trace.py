@@ -25,6 +25,7 @@ from importlib import metadata
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
+from seer_jax.analysis.policies import CATALOG  # noqa: E402
 from seer_jax.config_files import load_config_file  # noqa: E402
 from seer_jax.sim import simulator as sim  # noqa: E402
 
@@ -61,8 +62,8 @@ def main() -> int:
     args, overrides = ap.parse_known_args()
     prov = provenance(sys.argv)  # the code that runs, before anything can change the tree
     cfg = load_config_file(args.config, overrides)
-    sim.validate_config(cfg)
-    pols = sim.policy_list(args.policies)
+    sim.validate_config(cfg, CATALOG)
+    pols = sim.policy_list(args.policies, CATALOG)
     seeds = [int(s) for s in args.seeds.split(",")]
     per_seed: dict[int, dict] = {}
     for sd in seeds:
@@ -70,7 +71,7 @@ def main() -> int:
         rows = {}
         for p in pols:
             t = time.perf_counter()
-            rows[p] = sim.simulate(cfg, p, workload=work).row()
+            rows[p] = sim.simulate(cfg, p, workload=work, catalog=CATALOG).row()
             r = rows[p]
             print(f"seed {sd} {p:18s} {r['tokens_per_s']:10,.0f} tok/s  makespan "
                   f"{r['makespan_s']:6.1f} s  tail {r['tail_s']:5.1f} s  idle "

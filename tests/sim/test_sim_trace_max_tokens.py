@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from seer_jax.analysis.policies import CATALOG
 from seer_jax.config_files import load_config_file
 from seer_jax.errors import ConfigError
 from seer_jax.sim import simulator as sim
@@ -26,7 +27,7 @@ def test_trace_max_tokens_wins_over_the_preset(tmp_path):
     # the Moonlight preset's synthetic cap (65,536) must not replace the trace's (3,000)
     c = load_config_file(MOONLIGHT, [f"--config.workload.trace_path='{_trace(tmp_path)}'"])
     assert c.workload.max_tokens == 65536
-    sim.validate_config(c)
+    sim.validate_config(c, CATALOG)
     assert sim.build_workload(c).max_tokens == 3000
     assert sim.max_tokens_source(c) == "the trace"
 
@@ -34,7 +35,7 @@ def test_trace_max_tokens_wins_over_the_preset(tmp_path):
 def test_explicit_trace_max_tokens_is_used_and_named(tmp_path):
     c = load_config_file(SMALL, [f"--config.workload.trace_path='{_trace(tmp_path)}'",
                                  "--config.workload.trace_max_tokens=5000"])
-    sim.validate_config(c)
+    sim.validate_config(c, CATALOG)
     assert sim.build_workload(c).max_tokens == 5000
     assert sim.max_tokens_source(c) == "config.workload.trace_max_tokens"
     assert sim.max_tokens_source(load_config_file(SMALL)) == "config.workload.max_tokens"
@@ -45,12 +46,12 @@ def test_explicit_trace_max_tokens_below_longest_response_is_an_error(tmp_path):
                                  "--config.workload.trace_max_tokens=2000"])
     with pytest.raises(ConfigError, match=r"trace_max_tokens=2000 .* \(2500 tokens\); "
                                           r"allowed: 0 .* >= 2500"):
-        sim.validate_config(c)
+        sim.validate_config(c, CATALOG)
 
 
 def test_r1_aime_config_replays_the_committed_trace_at_its_own_cap():
     c = load_config_file("configs/sim/r1_aime.py")
-    sim.validate_config(c)
+    sim.validate_config(c, CATALOG)
     work = sim.build_workload(c)
     assert work.max_tokens == 16000 and work.num_groups == 400 and work.num_responses == 3200
     assert c.controller.chunk_size == work.max_tokens // 8
