@@ -38,6 +38,7 @@ def calibrated_config(
     c.name = f"calibrated:{trace_path}"
     c.workload.trace_path = str(trace_path)
     c.workload.max_tokens = int(max_tokens or load_trace(trace_path).max_tokens)
+    c.workload.trace_max_tokens = int(max_tokens)  # 0: the trace's own
     c.cluster.num_instances = int(num_instances)
     c.cluster.model = model
     c.cluster.profile_path = str(profile_path) if profile_path else ""
@@ -63,6 +64,8 @@ def load_recorded_run(run_dir) -> tuple[dict, ml_collections.ConfigDict]:
     run_dir = pathlib.Path(run_dir)
     saved = json.loads((run_dir / "run.json").read_text())
     sim_cfg = saved["sim_config"]
+    # runs recorded before traces kept their own max_tokens set it through workload.max_tokens
+    sim_cfg["workload"].setdefault("trace_max_tokens", sim_cfg["workload"]["max_tokens"])
     cfg = sim.default_config()
     cfg.update(ml_collections.ConfigDict(sim_cfg))
     cfg.workload.trace_path = str(run_dir / "trace.jsonl")

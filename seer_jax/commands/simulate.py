@@ -69,12 +69,14 @@ def run(args: argparse.Namespace) -> int:
     st = work.stats()
     console.print(
         f"[bold]{cfg.name}[/bold]: {st['num_groups']} prompts x {st['num_responses'] // st['num_groups']}"
-        f" = {st['num_responses']} responses, max_tokens {st['max_tokens']}, "
+        f" = {st['num_responses']} responses, max_tokens {st['max_tokens']:,} (from "
+        f"{sim.max_tokens_source(cfg)}), "
         f"{st['total_output_tokens']:,} output tokens, ICC(log) {st['length_icc_log']:.2f}, "
         f"longest 10% hold {st['longest_10pct_token_share']:.0%} of tokens; "
         f"{cfg.cluster.num_instances} instances, KV {sim.kv_capacity_pages(cfg, cost) * cfg.cluster.page_size:,}"
         " tokens each"
     )
+    st["max_tokens_source"] = sim.max_tokens_source(cfg)
     out: dict = {"config": cfg.to_dict(), "workload": st, "cost_model": cost.describe()}
     baseline = cfg.baseline
     summary: dict = {}
@@ -114,6 +116,10 @@ def run(args: argparse.Namespace) -> int:
         sw = sim.sweep(cfg, progress=show, catalog=CATALOG)
         out["sweep"] = sw
         summary["sweep_gain"] = sw["gain"]
+        if "reference" in sw:
+            summary["sweep_reference"] = sw["reference"]
+            console.print(f"reference trace {sw['reference']['trace']}: ICC "
+                          f"{sw['reference']['icc']:.2f}, sigma {sw['reference']['sigma']:.2f}")
         if args.plots:
             import numpy as np
 
@@ -122,7 +128,8 @@ def run(args: argparse.Namespace) -> int:
             p = plots.plot_sweep(sw["iccs"], sw["sigmas"],
                                  {k: np.asarray(v) for k, v in sw["gain"].items()},
                                  pathlib.Path(args.plots) / "sweep.png",
-                                 title=f"{cfg.name}: seer's throughput gain")
+                                 title=f"{cfg.name}: seer's throughput gain",
+                                 reference=sw.get("reference"))
             console.print(f"wrote {p}")
 
     if args.plots:

@@ -155,15 +155,21 @@ def plot_sweep(
     gain_vs: Mapping[str, np.ndarray],
     path: str | pathlib.Path,
     title: str = "",
+    reference: Mapping[str, float] | None = None,
 ) -> pathlib.Path:
     """Seer's throughput gain over each baseline vs ICC, one line per tail heaviness.
-    gain_vs[baseline] is [len(sigmas), len(iccs)]."""
+    gain_vs[baseline] is [len(sigmas), len(iccs)]. `reference` ({"icc", "sigma"} of a real
+    trace, `workloads.log_length_spread`): a dashed line at its ICC."""
     fig, axes = plt.subplots(1, len(gain_vs), figsize=(6 * len(gain_vs), 4.5), squeeze=False)
     for ax, (base, gain) in zip(axes[0], gain_vs.items(), strict=True):
         gain = np.asarray(gain, dtype=np.float64)
         for j, s in enumerate(sigmas):
             ax.plot(iccs, gain[j], marker="o", label=f"tail sigma={s:g}")
         ax.axhline(1.0, color="grey", linewidth=0.8)
+        if reference is not None:
+            ax.axvline(reference["icc"], color="black", linestyle="--", linewidth=1.0,
+                       label=f"real trace: ICC {reference['icc']:.2f}, "
+                             f"sigma {reference['sigma']:.2f}")
         ax.set_xlabel("intra-group length correlation (ICC, log lengths)")
         ax.set_ylabel(f"seer tokens/s ÷ {base}")
         ax.grid(alpha=0.3)

@@ -35,6 +35,10 @@ def default_config() -> ml_collections.ConfigDict:
     w.preset = ""  # "moonlight" | "qwen2-vl-72b" | "kimi-k2": fills the fields below
     w.trace_path = ""  # JSONL trace to replay instead of the synthetic model
     w.trace_num_groups = 0  # >0: resample the trace's groups to this many
+    # A replayed trace keeps its own max_tokens (its "max_tokens" field, else its longest
+    # response); > 0 sets one explicitly (it must cover the trace's longest response).
+    # workload.max_tokens is the synthetic length model's cap and does not apply to a trace.
+    w.trace_max_tokens = 0
     w.num_prompts = 64
     w.group_size = 8
     w.max_tokens = 8192
@@ -101,6 +105,9 @@ def default_config() -> ml_collections.ConfigDict:
     sw.sigmas = [0.6, 1.1, 1.6]
     sw.num_prompts = 0  # 0 = the workload's num_prompts
     sw.policies = "seer,group_round_robin,request_fcfs"
+    # a length trace whose measured ICC and sigma the sweep reports (and its plot marks):
+    # where a real workload sits in the grid
+    sw.reference_trace = ""
     return c
 
 
@@ -121,6 +128,9 @@ def validate_config(cfg: ml_collections.ConfigDict, catalog: PolicyCatalog = CAT
         _check("workload.preset", w.preset, w.preset in wl.WORKLOAD_PRESETS,
                f"'' or one of {sorted(wl.WORKLOAD_PRESETS)}")
     _check("workload.max_tokens", w.max_tokens, w.max_tokens >= 1, ">= 1")
+    _check("workload.trace_max_tokens", w.trace_max_tokens, w.trace_max_tokens >= 0,
+           "0 (the trace's own max_tokens) or a value >= the trace's longest response")
+    max_tokens = build_workload(cfg).max_tokens if w.trace_path else int(w.max_tokens)
     if not w.trace_path:
         _check("workload.num_prompts", w.num_prompts, w.num_prompts >= 1, ">= 1")
         _check("workload.group_size", w.group_size, w.group_size >= 1, ">= 1")
@@ -159,8 +169,8 @@ def validate_config(cfg: ml_collections.ConfigDict, catalog: PolicyCatalog = CAT
     _check("cluster.max_batch_size", k.max_batch_size, k.max_batch_size >= 1, ">= 1")
     _check("cluster.macro_steps", k.macro_steps, k.macro_steps >= 1, ">= 1")
     _check("cluster.token_unit", k.token_unit, 1 <= k.token_unit <= 1024, "in [1, 1024]")
-    _check("cluster.token_unit", k.token_unit, k.token_unit <= max(1, w.max_tokens // 64),
-           f"<= workload.max_tokens / 64 = {max(1, w.max_tokens // 64)}")
+    _check("cluster.token_unit", k.token_unit, k.token_unit <= max(1, max_tokens // 64),
+           f"<= max_tokens / 64 = {max(1, max_tokens // 64)}")
     _check("cluster.max_prefill_tokens", k.max_prefill_tokens, k.max_prefill_tokens >= 1, ">= 1")
     _check("cluster.kv_capacity_tokens", k.kv_capacity_tokens, k.kv_capacity_tokens >= 0,
            ">= 0 (0 = computed from HBM)")
@@ -265,7 +275,14 @@ def build_workload(cfg: ml_collections.ConfigDict, seed: int | None = None) -> w
     w = cfg.workload
     seed = cfg.seed if seed is None else seed
     if w.trace_path:
-        work = wl.load_trace(w.trace_path, max_tokens=w.max_tokens or None)
+        explicit = int(w.trace_max_tokens)
+        try:
+            work = wl.load_trace(w.trace_path, max_tokens=explicit or None)
+        except wl.TraceTooLongError as e:
+            raise ConfigError(
+                f"config.workload.trace_max_tokens={explicit} is smaller than the longest "
+                f"response of trace {w.trace_path} ({e.longest} tokens); allowed: 0 (the "
+                f"trace's own max_tokens) or a value >= {e.longest}") from None
         if w.trace_num_groups:
             work = wl.scale_workload(work, int(w.trace_num_groups), seed=seed)
         return work
@@ -281,6 +298,16 @@ def build_workload(cfg: ml_collections.ConfigDict, seed: int | None = None) -> w
         prompt_len_sigma=float(w.prompt_len_sigma),
     )
     return wl.synthetic_workload(lm, seed=seed, name=w.preset or cfg.name)
+
+
+def max_tokens_source(cfg: ml_collections.ConfigDict) -> str:
+    """Where the run's max_tokens comes from (for the run header)."""
+    w = cfg.workload
+    if not w.trace_path:
+        return "config.workload.max_tokens"
+    if w.trace_max_tokens:
+        return "config.workload.trace_max_tokens"
+    return "the trace"
 
 
 def preset_workload_fields(name: str) -> dict:
@@ -612,9 +639,14 @@ def sweep(cfg: ml_collections.ConfigDict, progress=None, catalog: PolicyCatalog 
             cells.append(cell)
             if progress:
                 progress(cell)
-    return {"iccs": iccs, "sigmas": sigmas, "num_prompts": n_prompts, "num_instances": n_inst,
-            "cells": cells, "gain": {p: g.tolist() for p, g in gains.items()},
-            "tail_reduction": {p: t.tolist() for p, t in tails.items()}}
+    out = {"iccs": iccs, "sigmas": sigmas, "num_prompts": n_prompts, "num_instances": n_inst,
+           "cells": cells, "gain": {p: g.tolist() for p, g in gains.items()},
+           "tail_reduction": {p: t.tolist() for p, t in tails.items()}}
+    if sw.reference_trace:
+        ref = wl.load_trace(sw.reference_trace)
+        out["reference"] = {"trace": str(sw.reference_trace),
+                            **wl.log_length_spread(ref.output_len, ref.group_index)}
+    return out
 
 
 def _with_workload(cfg: ml_collections.ConfigDict, **fields) -> ml_collections.ConfigDict:

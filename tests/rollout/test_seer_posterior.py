@@ -237,3 +237,25 @@ def test_posterior_options_are_checked():
     p = make_policy("seer")
     p.bind(groups, {"length_prior": {"mu": 3.0, "tau": 0.5, "sigma": 0.4}})
     assert p.length_params == LengthParams(3.0, 0.5, 0.4)
+
+
+def test_requeues_do_not_trigger_length_model_refits():
+    # placement found no room, over and over: re-queues are not generated tokens, so they must
+    # not count towards the refit schedule (the first fit waits for 4 tokens per request)
+    groups = make_groups(2, 2)
+    p = bound_posterior(groups)
+    for _ in range(50):
+        r = p.pop()
+        p.push(r, requeue=True)
+    r = p.pop()
+    r.output_ids = [7] * 3
+    r.group.record_progress(r)
+    p.on_chunk_end(r)
+    assert p.model.fits == 0 and not p.wants_progress()
+    # generated tokens do: 16 = 4 per request
+    p.push(r)
+    r = p.pop()
+    r.output_ids = [7] * 16
+    r.group.record_progress(r)
+    p.on_chunk_end(r)
+    assert p.model.fits == 1

@@ -62,7 +62,9 @@ class SeerPolicy(Policy):
         self._remaining: dict[str, float] = {}  # request_id -> quantile of remaining tokens
         self._seen: dict[str, int] = {}  # request_id -> tokens generated when last seen
         self._finished = 0
-        self._tokens = 0
+        # tokens generated so far, as observed (not the base class's buffer counter `_tokens`:
+        # sharing it made every re-queue count as generated tokens and trigger refits)
+        self._observed_tokens = 0
         self._fit_finished = 0
         self._fit_tokens = 0
 
@@ -157,7 +159,7 @@ class SeerPolicy(Policy):
     # ---- internals ------------------------------------------------------------------------------
     def _observe(self, req: RequestState) -> None:
         if self.model is not None:
-            self._tokens += req.generated - self._seen.get(req.request_id, 0)
+            self._observed_tokens += req.generated - self._seen.get(req.request_id, 0)
             self._seen[req.request_id] = req.generated
             if self._refit_due():
                 self._refit()
@@ -177,13 +179,13 @@ class SeerPolicy(Policy):
         df = self._finished + pending - self._fit_finished
         if df >= max(4, self._fit_finished // 3):
             return True
-        return self._fit_tokens > 0 and self._tokens >= 1.5 * self._fit_tokens and df >= 1 \
-            or self._fit_tokens == 0 and self._tokens >= 4 * len(self.requests)
+        return self._fit_tokens > 0 and self._observed_tokens >= 1.5 * self._fit_tokens and df >= 1 \
+            or self._fit_tokens == 0 and self._observed_tokens >= 4 * len(self.requests)
 
     def _refit(self) -> None:
         assert self.model is not None
         self.model.fit(self.groups)
-        self._fit_finished, self._fit_tokens = self._finished, self._tokens
+        self._fit_finished, self._fit_tokens = self._finished, self._observed_tokens
         self._model_version += 1
         for g in self.groups:
             self._update_group(g)
