@@ -49,6 +49,7 @@ from seer_jax.analysis.policies import CATALOG  # noqa: E402
 from seer_jax.config_files import load_config_file  # noqa: E402
 from seer_jax.costs import get_model  # noqa: E402
 from seer_jax.engine.engine import EngineConfig  # noqa: E402
+from seer_jax.provenance import run_info  # noqa: E402
 from seer_jax.sim import simulator as sim  # noqa: E402
 
 POLICIES = ["group_round_robin", "request_fcfs", "seer", "seer_running_oracle", "oracle_group_lfs",
@@ -195,6 +196,7 @@ def main(argv=None) -> int:
                   f"(/ fcfs {m['seer_prompt_oracle_vs_request_fcfs']:.3f}), seer / oracle_lfs "
                   f"{m['seer_vs_oracle_lfs']:.3f}")
     if args.json_path:
+        out["run"] = run_info()
         pathlib.Path(args.json_path).write_text(json.dumps(out, indent=1))
     return 0
 

@@ -30,6 +30,8 @@ import time
 
 import numpy as np
 
+from seer_jax.provenance import run_info
+
 
 @dataclasses.dataclass
 class Workload:
@@ -249,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(report, f, indent=2)
+            json.dump({**report, "run": run_info()}, f, indent=2)
         console.print(f"wrote {args.json}")
     return 0
 

@@ -23,6 +23,7 @@ def main(argv=None) -> int:
     args, overrides = p.parse_known_args(argv)
     from seer_jax.analysis.token_diffs import token_differences
     from seer_jax.config_files import load_config_file
+    from seer_jax.provenance import run_info
     from seer_jax.rollout.api import run_rollout
 
     cfg = load_config_file(args.config, overrides)
@@ -58,7 +59,7 @@ def main(argv=None) -> int:
     print(json.dumps(summary, indent=1, default=str))
     if args.json_path:
         with open(args.json_path, "w") as f:
-            json.dump(report, f, indent=1, default=str)
+            json.dump({**report, "run": run_info()}, f, indent=1, default=str)
     return 0
 
 

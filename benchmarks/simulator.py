@@ -25,6 +25,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 from seer_jax.analysis.policies import CATALOG  # noqa: E402
 from seer_jax.config_files import load_config_file  # noqa: E402
+from seer_jax.provenance import run_info  # noqa: E402
 from seer_jax.sim import simulator as sim  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -159,6 +160,7 @@ def main() -> int:
     out["summary"] = summary
     path = pathlib.Path(args.json)
     path.parent.mkdir(parents=True, exist_ok=True)
+    out["run"] = run_info()
     path.write_text(json.dumps(out, indent=1, default=float))
     print(f"wrote {path}")
     return 0

@@ -18,6 +18,8 @@ import json
 import sys
 import time
 
+from seer_jax.provenance import run_info
+
 
 def load_groups(path, num_groups):
     groups = []
@@ -123,7 +125,8 @@ def main(argv=None) -> int:
     print(json.dumps(summary, indent=1))
     if args.json_path:
         with open(args.json_path, "w") as f:
-            json.dump({"summary": summary, "no_spec": base, "spec": spec, "args": vars(args)}, f, indent=1)
+            json.dump({"summary": summary, "no_spec": base, "spec": spec, "args": vars(args),
+                       "run": run_info()}, f, indent=1)
     return 0 if identical else 1
 
 

@@ -27,6 +27,7 @@ import numpy as np
 
 from seer_jax.analysis.synthetic_text import synthetic_groups
 from seer_jax.drafting import DraftConfig, GroupDraftContext
+from seer_jax.provenance import run_info
 
 
 def token_stream(source: str, total: int, group_size: int, seed: int) -> tuple[list[int], list[list[int]]]:
@@ -194,7 +195,7 @@ def main(argv=None) -> int:
     report["summary"] = summary
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(report, f, indent=1)
+            json.dump({**report, "run": run_info()}, f, indent=1)
         print(f"\nwrote {args.json}")
     return 0
 

@@ -40,6 +40,7 @@ def main(argv=None) -> int:
     from seer_jax.model import load
     from seer_jax.model.generate import full_forward
     from seer_jax.model.sampling import request_keys
+    from seer_jax.provenance import run_info
     from seer_jax.rollout.api import build_prompts
     from seer_jax.rollout.controller import request_seed
 
@@ -105,7 +106,7 @@ def main(argv=None) -> int:
     print(json.dumps(summary, indent=1))
     if args.json_path:
         with open(args.json_path, "w") as f:
-            json.dump({"summary": summary}, f, indent=1)
+            json.dump({"summary": summary, "run": run_info()}, f, indent=1)
     return 0
 
 

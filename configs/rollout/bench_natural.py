@@ -4,4 +4,7 @@ from seer_jax.rollout.api import bench_config
 
 
 def get_config():
-    return bench_config("natural")
+    c = bench_config("natural")
+    # emulated accelerators: each step timed by an H100 roofline of the served model
+    c.time_model = "roofline"
+    return c

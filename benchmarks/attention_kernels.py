@@ -5,7 +5,7 @@ Pallas GPU kernel, on a TPU the Pallas TPU kernel, with achieved K/V bandwidth (
 queries need / time) for kernel and reference on the same device. Prints a table; --json writes
 rows plus a `summary` object.
 
-  python benchmarks/kernels.py [--quick] [--json out.json]
+  python benchmarks/attention_kernels.py [--quick] [--json out.json]
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import numpy as np
 
 from seer_jax.pallas import accept_draft_tree, ragged_paged_attention, write_kv
 from seer_jax.pallas.testing import make_batch
+from seer_jax.provenance import run_info
 
 # SmolLM2-135M attention: 9 query heads on 3 KV heads, head_dim 64.
 HEADS = dict(num_q_heads=9, num_kv_heads=3, head_dim=64)
@@ -171,7 +172,7 @@ def main(argv=None) -> int:
     print(json.dumps(summary, indent=1))
     if a.json:
         with open(a.json, "w") as f:
-            json.dump({"summary": summary, "rows": rows, "args": vars(a)}, f, indent=1)
+            json.dump({"summary": summary, "rows": rows, "args": vars(a), "run": run_info()}, f, indent=1)
     return 0
 
 
