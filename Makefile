@@ -3,8 +3,9 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
+PYTEST := $(PY) -m pytest -q -p no:cacheprovider -n 2
 
-.PHONY: demo test lint venv clean
+.PHONY: demo test test-fast lint venv clean
 
 $(VENV)/.installed-base: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -12,14 +13,18 @@ $(VENV)/.installed-base: pyproject.toml
 	$(PIP) install -q -e .
 	touch $@
 
-$(VENV)/.installed-test: pyproject.toml
-	$(PYTHON) -m venv $(VENV)
-	$(PIP) install -q --upgrade pip
-	$(PIP) install -q -e '.[test,ref,tunix]'
-	# google-tunix 0.1.7 pins safetensors<0.8, which holds transformers at 5.12, whose GGUF
-	# tokenizer conversion differs; the reference checks need transformers >= 5.24 (tunix runs fine with it)
-	$(PIP) install -q 'transformers>=5.24' 'safetensors>=0.8'
-	touch $@ $(VENV)/.installed-base
+$(VENV)/.installed-fast: $(VENV)/.installed-base
+	$(PIP) install -q -e '.[test]'
+	touch $@
+
+# Reference checks (torch, transformers) and the Tunix adapter. google-tunix 0.1.7 pins
+# safetensors<0.8, which transformers >= 5.24 (whose GGUF tokenizer conversion we check against)
+# cannot use; tunix's own dependencies come from the tunix-deps extra and tunix itself is
+# installed last with --no-deps (it runs fine with safetensors 0.8).
+$(VENV)/.installed-test: $(VENV)/.installed-fast
+	$(PIP) install -q -e '.[test,ref,tunix-deps]'
+	$(PIP) install -q --no-deps google-tunix==0.1.7
+	touch $@
 
 venv: $(VENV)/.installed-base
 
@@ -28,11 +33,16 @@ demo: $(VENV)/.installed-base
 	$(VENV)/bin/seer-jax generate --model smollm2 --chat --prompt "What is the capital of France?" --max-tokens 32
 	$(VENV)/bin/seer-jax rollout --config configs/rollout/demo.py
 
+# everything but the tests marked slow; no torch or tunix needed (their tests skip)
+test-fast: $(VENV)/.installed-fast
+	$(VENV)/bin/seer-jax fetch-model smollm2
+	$(PYTEST) -m "not slow"
+
 test: $(VENV)/.installed-test
 	$(VENV)/bin/seer-jax fetch-model smollm2
-	$(PY) -m pytest -q
+	$(PYTEST)
 
-lint: $(VENV)/.installed-test
+lint: $(VENV)/.installed-fast
 	$(VENV)/bin/ruff check seer_jax tests benchmarks examples configs
 
 clean:

@@ -149,3 +149,15 @@ def test_the_check_catches_a_backwards_import_and_a_cycle(tmp_path):
     assert cycles(graph) == [("seer_jax.model.generate", "seer_jax.rollout.types")]
     with pytest.raises(AssertionError, match="'nowhere' is in no layer"):
         layer_of("seer_jax.nowhere.x")
+
+
+def test_the_controller_simulator_and_configs_import_without_jax():
+    """The CLI sets the fake-device count before JAX starts; that only works while the config,
+    controller, policy and simulator modules do not import JAX themselves."""
+    import subprocess
+    import sys
+
+    code = ("import sys, seer_jax.analysis.policies, seer_jax.rollout.api, seer_jax.sim.simulator, "
+            "seer_jax.commands.rollout, seer_jax.cli; print('jax' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"

@@ -16,6 +16,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-progress", action="store_true")
 
 
+def time_model_line(cfg) -> str:
+    """One line saying what the reported seconds are."""
+    if cfg.time_model == "roofline":
+        return (f"emulated: each step of the real engines is timed by a roofline of "
+                f"{cfg.cost_model} on {cfg.chips_per_instance} x {cfg.accelerator} per slice "
+                f"({cfg.num_instances} slices, KV budget {cfg.engine.kv_memory_gib} GiB each)")
+    return (f"measured: each step's wall time on this host ({cfg.num_instances} slices, clock "
+            f"{cfg.clock})")
+
+
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
@@ -47,9 +57,10 @@ def run(args: argparse.Namespace) -> int:
     finally:
         if bar is not None:
             bar.stop()
-    from seer_jax.rollout.report import print_comparison, print_report
+    from seer_jax.rollout.report import print_comparison, print_report, wide_console
 
-    out = Console()
+    out = wide_console()
+    out.print(f"[bold]time model[/bold]: {time_model_line(cfg)}")
     for policy, o in result.outputs.items():
         out.rule(f"policy: {policy}")
         print_report(o.report, out)

@@ -54,7 +54,6 @@ def _table(summary: dict, baseline: str, title: str):
 
 
 def run(args: argparse.Namespace) -> int:
-    from rich.console import Console
 
     from seer_jax.analysis.policies import CATALOG
     from seer_jax.sim import simulator as sim
@@ -63,7 +62,9 @@ def run(args: argparse.Namespace) -> int:
     if args.compare:
         cfg.policies = args.compare
     sim.validate_config(cfg, CATALOG)
-    console = Console()
+    from seer_jax.rollout.report import wide_console
+
+    console = wide_console()
     work = sim.build_workload(cfg)
     cost = sim.build_cost_model(cfg)
     st = work.stats()

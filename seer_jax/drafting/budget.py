@@ -39,7 +39,8 @@ class BudgetConfig:
     observation; relax_rate: while speculation is off (nothing observed), β drifts back toward
     beta_init by this fraction per planned step, so speculation is retried later; max_width / width_slack: multi-path trees (see module docstring);
     context_tokens: mean context per sequence assumed by the default cost model;
-    default_model / default_accelerator: the roofline used when no profile is given."""
+    default_model / default_accelerator: the roofline used when no profile is given (an engine
+    replaces default_model by the model it serves, see SpeculationBudget.serve)."""
 
     gamma_max: int = 8
     priority_weight: float = 2.0
@@ -126,12 +127,13 @@ class BudgetPlan:
         return self.total_tokens >= self.batch_size > 0
 
 
-def default_step_time(config: BudgetConfig) -> StepTimeFn:
-    """T(B, γ) of a roofline cost model (seer_jax.costs) for the configured model and
-    accelerator, each sequence attending over `context_tokens`."""
+def default_step_time(config: BudgetConfig, model=None) -> StepTimeFn:
+    """T(B, γ) of a roofline cost model (seer_jax.costs) of `model` (a ModelSpec; default: the
+    configured `default_model`) on the configured accelerator, each sequence attending over
+    `context_tokens`."""
     from seer_jax.costs import RooflineCostModel, get_accelerator, get_model
 
-    cost = RooflineCostModel(get_model(config.default_model),
+    cost = RooflineCostModel(model or get_model(config.default_model),
                              get_accelerator(config.default_accelerator))
     ctx = config.context_tokens
     return lambda b, g: cost.spec_step_time(b, g, b * ctx)
@@ -148,6 +150,7 @@ class SpeculationBudget:
     def __init__(self, step_time: StepTimeFn | None = None, config: BudgetConfig | None = None,
                  stats: AcceptanceStats | None = None) -> None:
         self.config = (config or BudgetConfig()).validate()
+        self._default_step_time = step_time is None  # no profile: a roofline, see serve()
         self.step_time = step_time or default_step_time(self.config)
         c = self.config
         self.stats = stats or AcceptanceStats(c.gamma_max, c.ema_decay, c.beta_init)
@@ -162,6 +165,12 @@ class SpeculationBudget:
         from seer_jax.costs import StepProfile
 
         return cls(profile_step_time(StepProfile.load(path), config.context_tokens), config)
+
+    def serve(self, model) -> None:
+        """The engine using this budget serves `model` (a `seer_jax.costs.ModelSpec`): without
+        a measured profile, steps are timed by that model's roofline, not `default_model`'s."""
+        if self._default_step_time:
+            self.step_time = default_step_time(self.config, model)
 
     # -- planning --------------------------------------------------------------------------------
 

@@ -24,7 +24,7 @@ from seer_jax.engine.model_runner import Layout, ModelRunner, bucket, fine_bucke
 from seer_jax.errors import ConfigError, InputError, SeerError
 from seer_jax.model.config import ModelConfig
 from seer_jax.model.llama import Params
-from seer_jax.model.sampling import SamplingParams
+from seer_jax.model.sampling_params import SamplingParams
 
 
 @dataclasses.dataclass(frozen=True)
@@ -173,6 +173,8 @@ class Engine:
 
             speculator = Speculator()
         self.spec = speculator
+        if speculator is not None:
+            speculator.budget.serve(cfg.cost_spec())
 
     # ------------------------------------------------------------------ requests
     def add_request(self, request_id: str, prompt_ids: list[int], max_tokens: int,

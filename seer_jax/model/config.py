@@ -90,6 +90,15 @@ class ModelConfig:
     def with_dtype(self, dtype: str) -> ModelConfig:
         return dataclasses.replace(self, dtype=dtype)
 
+    def cost_spec(self, name: str = "served-model"):
+        """This model as a `seer_jax.costs.ModelSpec` (dense GQA), for roofline step times."""
+        from seer_jax.costs import ModelSpec
+
+        itemsize = 4.0 if self.dtype == "float32" else 2.0
+        n = float(self.num_params())
+        return ModelSpec(name, n, n, n, self.num_layers, self.num_heads, self.head_dim,
+                         2 * self.num_kv_heads * self.head_dim, itemsize, itemsize)
+
     def kv_bytes_per_token(self) -> int:
         itemsize = 4 if self.dtype == "float32" else 2
         return 2 * self.num_layers * self.kv_size * itemsize

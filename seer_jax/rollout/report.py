@@ -306,7 +306,7 @@ def comparison_table(reports: Mapping[str, RolloutReport], baseline: str = "grou
     t = Table(title=f"policies vs {baseline}")
     for col in ("policy", "tokens/s", "makespan s", "tail s", "tok/s ratio", "tail reduction",
                 "preempt", "migr"):
-        t.add_column(col, justify="right" if col != "policy" else "left", no_wrap=col == "policy")
+        t.add_column(col, justify="right" if col != "policy" else "left", no_wrap=True)
     for name, rep in reports.items():
         row = summ[name]
         ratio = row.get(f"tokens_per_s_ratio_vs_{baseline}")
@@ -328,6 +328,13 @@ def print_report(report: RolloutReport, console=None) -> None:
     from rich.console import Console
 
     (console or Console()).print(report_table(report))
+
+
+def wide_console(**kw):
+    """A rich Console at least 100 columns wide (piped output would otherwise wrap at 80)."""
+    from rich.console import Console
+
+    return Console(width=max(100, Console(**kw).width), **kw)
 
 
 def print_comparison(

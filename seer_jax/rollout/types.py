@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from seer_jax.model.sampling import FinishReason, SamplingParams  # noqa: F401 (the instance contract)
+from seer_jax.model.sampling_params import FinishReason, SamplingParams  # noqa: F401 (the instance contract)
 
 
 @dataclasses.dataclass

@@ -243,3 +243,23 @@ def test_measured_acceptance_turns_speculation_off_and_relaxes_back():
         steps += 1
         assert steps < 5000
     assert steps > 5
+
+
+def test_a_budget_without_a_profile_is_timed_by_the_model_its_engine_serves():
+    from seer_jax.costs import get_model
+    from seer_jax.drafting.budget import SpeculationBudget, default_step_time
+    from seer_jax.engine.engine import Engine, EngineConfig
+    from seer_jax.model.config import tiny_config
+    from seer_jax.model.llama import init_params
+
+    default = SpeculationBudget()
+    qwen = default.step_time(64, 4)
+    default.serve(get_model("smollm2"))
+    assert default.step_time(64, 4) < qwen  # a 135M model's roofline, not the 7B default
+    profiled = SpeculationBudget(step_time=lambda b, g: 1.0)
+    profiled.serve(get_model("smollm2"))
+    assert profiled.step_time(64, 4) == 1.0  # a measured profile wins
+    cfg = tiny_config()
+    eng = Engine(cfg, init_params(cfg, 0), EngineConfig(num_pages=16, page_size=8, speculation=True))
+    want = default_step_time(eng.spec.budget.config, cfg.cost_spec())
+    assert eng.spec.budget.step_time(8, 2) == pytest.approx(want(8, 2))
