@@ -55,7 +55,7 @@ from seer_jax.sim import simulator as sim  # noqa: E402
 POLICIES = ["group_round_robin", "request_fcfs", "seer", "seer_running_oracle", "oracle_group_lfs",
             "oracle_lfs"]
 MOONLIGHT_POLICIES = POLICIES + ["seer_prompt_oracle"]
-RESULTS = ROOT / "benchmarks" / "results" / "rollout_issue_scale"
+RESULTS = ROOT / "benchmarks" / "results" / "rollout_engines"
 # mix -> (length trace, the report whose config the engines ran with)
 TRACES = {
     "structured": (RESULTS / "structured_trace.jsonl", RESULTS / "structured_fcfs_seer_oracle.json"),

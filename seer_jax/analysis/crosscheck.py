@@ -66,6 +66,14 @@ def load_recorded_run(run_dir) -> tuple[dict, ml_collections.ConfigDict]:
     sim_cfg = saved["sim_config"]
     # runs recorded before traces kept their own max_tokens set it through workload.max_tokens
     sim_cfg["workload"].setdefault("trace_max_tokens", sim_cfg["workload"]["max_tokens"])
+    # runs recorded before policies had their own options kept seer's in the controller's,
+    # and used the paper's estimator when they named none
+    ctl = sim_cfg["controller"]
+    seer = {"estimator": ctl.pop("seer_estimator", "max_finished")}
+    for old, new in (("seer_quantile", "quantile"), ("starvation_pops", "starvation_pops")):
+        if old in ctl:
+            seer[new] = ctl.pop(old)
+    sim_cfg.setdefault("policy", {}).setdefault("seer", {}).update(seer)
     cfg = sim.default_config()
     cfg.update(ml_collections.ConfigDict(sim_cfg))
     cfg.workload.trace_path = str(run_dir / "trace.jsonl")

@@ -61,7 +61,7 @@ def test_greedy_chat_answer_paris():
 
 
 def assert_greedy_equal_or_tie(params, cfg, prompt, ours, ref):
-    """DESIGN.md §4: identical, or the first divergence sits where the reference's top-1/top-2
+    """Token for token means: identical, or the first divergence sits where the reference's top-1/top-2
     log-prob margin is below 1e-4."""
     from seer_jax.model.generate import full_forward
 

@@ -1,5 +1,5 @@
 """Seer's posterior length estimator: the censored log-normal fit, per-request quantiles, and the
-ordering the `seer` policy derives from them (DESIGN.md §2.2; policies/length_model.py)."""
+ordering the `seer` policy derives from them (policies/length_model.py)."""
 
 from __future__ import annotations
 
