@@ -45,6 +45,7 @@ def measure_step(runner, B: int, gamma: int, context: int, page_size: int, iters
     """Median time of one jitted step: B sequences × (1+gamma) query tokens over `context` KV."""
     import numpy as np
 
+    from seer_jax.engine.batch import DraftTree, Region, StepBatch
     from seer_jax.engine.model_runner import Layout, bucket
 
     q = 1 + gamma
@@ -56,22 +57,19 @@ def measure_step(runner, B: int, gamma: int, context: int, page_size: int, iters
     pos = (context + np.arange(q))[None, :].repeat(B, 0)
     slots = (pages[np.arange(B)[:, None], pos // page_size] * page_size + pos % page_size).reshape(-1)
     R = layout.num_rows
-    batch = {
-        "tokens": np.ones(B * q, np.int32), "positions": pos.reshape(-1).astype(np.int32),
-        "slots": slots.astype(np.int32), "logits_index": np.arange(R, dtype=np.int32),
-        "dec_cu": (np.arange(B + 1) * q).astype(np.int32), "dec_kv_lens": kv_lens,
-        "dec_pages": pages, "dec_num": np.int32(B),
-        "temperature": np.ones(R, np.float32), "top_p": np.ones(R, np.float32),
-        "top_k": np.zeros(R, np.int32), "seeds": np.arange(R, dtype=np.uint32),
-        "gen_index": np.zeros(R, np.int32),
-    }
-    if gamma:
-        batch["dec_parents"] = np.tile(np.arange(-1, q - 1, dtype=np.int32), B)
-    runner.sample(layout, batch)  # compile
+    draft = DraftTree(np.tile(np.arange(-1, q - 1, dtype=np.int32), B)) if gamma else None
+    batch = StepBatch(
+        layout, tokens=np.ones(B * q, np.int32), positions=pos.reshape(-1).astype(np.int32),
+        slots=slots.astype(np.int32), logits_index=np.arange(R, dtype=np.int32),
+        temperature=np.ones(R, np.float32), top_p=np.ones(R, np.float32),
+        top_k=np.zeros(R, np.int32), seeds=np.arange(R, dtype=np.uint32),
+        gen_index=np.zeros(R, np.int32),
+        dec=Region((np.arange(B + 1) * q).astype(np.int32), kv_lens, pages, B), draft=draft)
+    runner.sample(batch)  # compile
     times = []
     for _ in range(iters):
         t0 = time.perf_counter()
-        runner.sample(layout, batch)
+        runner.sample(batch)
         times.append(time.perf_counter() - t0)
     return statistics.median(times)
 

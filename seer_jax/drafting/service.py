@@ -95,24 +95,33 @@ class InProcessDraftService:
     """Draft contexts held in this process (see module docstring).
 
     keep_log: keep every append message so `sync` can serve replicas (memory: the group's tokens
-      once more, as int32).
+      once more, as int32). Off by default: only replicas need it.
+    max_groups: contexts kept; beyond it the least recently written group is closed (a service
+      shared by engines a trainer keeps alive must not grow with every rollout it ever served).
     """
 
-    def __init__(self, config: DraftConfig | None = None, keep_log: bool = True) -> None:
+    def __init__(self, config: DraftConfig | None = None, keep_log: bool = False,
+                 max_groups: int = 8192) -> None:
+        if max_groups < 1:
+            raise InputError(f"max_groups={max_groups} is invalid; allowed: >= 1")
         self.config = (config or DraftConfig()).validate()
         self.keep_log = keep_log
-        self._groups: dict[str, GroupDraftContext] = {}
+        self.max_groups = max_groups
+        self._groups: dict[str, GroupDraftContext] = {}  # least recently written first
         self._logs: dict[str, list[DraftAppend]] = {}
         self._versions: dict[str, int] = {}
 
     # -- writes ----------------------------------------------------------------------------------
 
     def _apply(self, msg: DraftAppend) -> int:
-        ctx = self._groups.get(msg.group_id)
+        ctx = self._groups.pop(msg.group_id, None)
         if ctx is None:
-            ctx = self._groups[msg.group_id] = GroupDraftContext(self.config)
+            while len(self._groups) >= self.max_groups:
+                self.close_group(next(iter(self._groups)))
+            ctx = GroupDraftContext(self.config)
             self._logs[msg.group_id] = []
             self._versions[msg.group_id] = 0
+        self._groups[msg.group_id] = ctx  # now the most recently written
         if msg.request_id is None:
             ctx.set_prompt(msg.token_ids.tolist())
         else:

@@ -19,8 +19,9 @@ from collections.abc import Callable
 import numpy as np
 from jax.sharding import Mesh
 
+from seer_jax.engine.batch import StepBatch, build_batch
 from seer_jax.engine.block_manager import BlockManager, OutOfPages
-from seer_jax.engine.model_runner import Layout, ModelRunner, bucket, fine_bucket, uses_cpu_decode
+from seer_jax.engine.model_runner import ModelRunner
 from seer_jax.errors import ConfigError, InputError, SeerError
 from seer_jax.model.config import ModelConfig
 from seer_jax.model.llama import Params
@@ -41,6 +42,9 @@ class EngineConfig:
     preemption: str = "recompute"  # or "swap"
     max_top_logprobs: int = 0
     speculation: bool = False  # grouped speculative decoding (drafts from the group context)
+    # per-step statistics kept (the most recent); an engine a trainer keeps alive for days must
+    # not grow without bound
+    max_step_stats: int = 100_000
 
     def kv_pages(self, kv_bytes_per_token: int) -> int:
         """KV cache pages: `num_pages`, or as many as `kv_memory_gib` holds (at least 2)."""
@@ -54,6 +58,7 @@ class EngineConfig:
             "max_num_batched_tokens": self.max_num_batched_tokens >= 1,
             "max_prefill_seqs": self.max_prefill_seqs >= 1, "max_model_len": self.max_model_len >= 0,
             "max_top_logprobs": self.max_top_logprobs >= 0,
+            "max_step_stats": self.max_step_stats >= 1,
         }
         for key, ok in checks.items():
             if not ok:
@@ -98,6 +103,17 @@ class StepStats:
     num_decode_tokens: int
     duration_s: float
     kv_tokens: int
+
+
+@dataclasses.dataclass
+class StepPlan:
+    """What one step will run: decode sequences, (sequence, tokens) to prefill, the decode
+    sequences' drafts (None: no speculation) and the batch laid out for the runner."""
+
+    decode: list
+    prefill: list
+    drafts: list | None
+    batch: StepBatch
 
 
 @dataclasses.dataclass
@@ -166,7 +182,7 @@ class Engine:
         self.seqs: dict[str, _Seq] = {}
         self.step_count = 0
         self.num_preemptions = 0
-        self.step_stats: list[StepStats] = []
+        self.step_stats: collections.deque[StepStats] = collections.deque(maxlen=config.max_step_stats)
         self.max_pps = self.blocks.pages_for(self.max_model_len)
         if speculator is None and config.speculation:
             from seer_jax.engine.speculation import Speculator
@@ -374,52 +390,75 @@ class Engine:
 
     # ------------------------------------------------------------------ the step
     def step(self) -> list[RequestOutput]:
-        """One iteration. Returns the requests that finished in it."""
+        """One iteration: plan (schedule, drafts, batch), execute (the jitted step), commit
+        (append tokens, finish sequences, stats). Returns the requests that finished in it."""
         t0 = self.clock()
+        plan = self._plan()
+        if plan is None:
+            return []
+        emissions = self._execute(plan)
+        return self._commit(plan, emissions, t0)
+
+    def _plan(self) -> StepPlan | None:
         decode, prefill = self._schedule()
         if not decode and not prefill:
             if self.seqs and not self.running:
                 raise SeerError("no request can be scheduled: the KV pool is too small for the "
                                 "smallest waiting request")
-            return []
+            return None
         drafts = self._propose(decode) if self.spec is not None and decode else None
-        layout, batch, rows = self._build_batch(decode, prefill, drafts)
-        # emissions: (seq, tokens, logprobs, top-logprobs rows) in emission order
+        c = self.config
+        batch = build_batch(decode, prefill, drafts, page_size=c.page_size,
+                            max_num_seqs=c.max_num_seqs, max_prefill_seqs=c.max_prefill_seqs,
+                            max_num_batched_tokens=c.max_num_batched_tokens,
+                            max_pps=self.max_pps, impl=self.runner.impl)
+        return StepPlan(decode, prefill, drafts, batch)
+
+    def _execute(self, plan: StepPlan) -> list[tuple[_Seq, list[int], list[float], list]]:
+        """Run the step on the device and advance `num_computed`; returns the emissions
+        (sequence, tokens, logprobs, top-logprob rows) in emission order."""
+        decode, prefill, drafts, batch = plan.decode, plan.prefill, plan.drafts, plan.batch
         emissions: list[tuple[_Seq, list[int], list[float], list]] = []
         if drafts is None:
-            toks, lps, top = self.runner.sample(layout, batch, self.config.max_top_logprobs)
+            toks, lps, top = self.runner.sample(batch, self.config.max_top_logprobs)
             for seq, n in [(s, 1) for s in decode] + prefill:
                 seq.num_computed += n
-            for seq, row in rows:
+            for seq, row in batch.rows:
                 tops = []
                 if seq.sampling.top_logprobs:
                     k = seq.sampling.top_logprobs
                     tops = [list(zip(top[0][row, :k].tolist(), top[1][row, :k].tolist(), strict=True))]
                 emissions.append((seq, [int(toks[row])], [float(lps[row])], tops))
-        else:
-            (d_toks, d_lps, n_acc, acc_nodes), pre = self.runner.verify(layout, batch)
-            src, dst = [], []
-            accepted = []
-            for i, seq in enumerate(decode):
-                a = int(n_acc[i])
-                root = seq.num_computed
-                for k, node in enumerate(acc_nodes[i, :a].tolist()):
-                    if node != k:  # compact the accepted tree path into consecutive slots
-                        src.append(self._slot(seq, root + 1 + node))
-                        dst.append(self._slot(seq, root + 1 + k))
-                seq.num_computed += 1 + a
-                seq.metrics.spec_proposed += len(drafts[i])
-                seq.metrics.spec_accepted += a
-                accepted.append(a)
-                emissions.append((seq, d_toks[i, :a + 1].tolist(), d_lps[i, :a + 1].tolist(), []))
-            self.runner.move_slots(src, dst)
-            self.spec.observe(drafts, accepted)
-            split = layout.n_dec * layout.q_dec
-            for seq, n in prefill:
-                seq.num_computed += n
-            for seq, row in rows:
-                if row >= split:
-                    emissions.append((seq, [int(pre[0][row - split])], [float(pre[1][row - split])], []))
+            return emissions
+        (d_toks, d_lps, n_acc, acc_nodes), pre = self.runner.verify(batch)
+        src, dst = [], []
+        accepted = []
+        for i, seq in enumerate(decode):
+            a = int(n_acc[i])
+            root = seq.num_computed
+            for k, node in enumerate(acc_nodes[i, :a].tolist()):
+                if node != k:  # compact the accepted tree path into consecutive slots
+                    src.append(self._slot(seq, root + 1 + node))
+                    dst.append(self._slot(seq, root + 1 + k))
+            seq.num_computed += 1 + a
+            seq.metrics.spec_proposed += len(drafts[i])
+            seq.metrics.spec_accepted += a
+            accepted.append(a)
+            emissions.append((seq, d_toks[i, :a + 1].tolist(), d_lps[i, :a + 1].tolist(), []))
+        self.runner.move_slots(src, dst)
+        self.spec.observe(drafts, accepted)
+        split = batch.layout.n_dec * batch.layout.q_dec
+        for seq, n in prefill:
+            seq.num_computed += n
+        for seq, row in batch.rows:
+            if row >= split:
+                emissions.append((seq, [int(pre[0][row - split])], [float(pre[1][row - split])], []))
+        return emissions
+
+    def _commit(self, plan: StepPlan, emissions, t0: float) -> list[RequestOutput]:
+        """Append emitted tokens, finish sequences (EOS, stop ids, budget), release rejected
+        draft pages, register completed prompt prefixes and record the step."""
+        decode, prefill, drafts = plan.decode, plan.prefill, plan.drafts
         for seq, _ in [(s, 1) for s in decode] + prefill:
             seq.metrics.num_steps += 1
         kv_tokens = sum(s.num_computed for s in decode) + sum(s.num_computed for s, _ in prefill)
@@ -508,122 +547,6 @@ class Engine:
     def _output(self, seq: _Seq, reason: str) -> RequestOutput:
         return RequestOutput(seq.request_id, seq.prompt, seq.output[seq.base_len:], seq.logprobs,
                              seq.tops if seq.sampling.top_logprobs else None, reason, seq.metrics)
-
-    def _build_batch(self, decode: list[_Seq], prefill: list[tuple[_Seq, int]], drafts=None):
-        """Padded arrays for one step. With drafts, each decode sequence carries [pending token,
-        draft nodes...] as a token tree and every one of its tokens gets a logits row."""
-        cfgc = self.config
-        S = cfgc.page_size
-        all_seqs = decode + [s for s, _ in prefill]
-        max_pages = max(len(s.pages) for s in all_seqs)
-        q_dec = 1 if drafts is None else bucket(1 + max(len(d) for d in drafts), 2)
-        layout = Layout(
-            n_dec=bucket(len(decode), 8, cfgc.max_num_seqs) if decode else 0,
-            q_dec=q_dec,
-            n_pre=cfgc.max_prefill_seqs if prefill else 0,
-            t_pre=bucket(sum(n for _, n in prefill), 16, cfgc.max_num_batched_tokens) if prefill else 0,
-            pps=bucket(max_pages, 4, self.max_pps),
-        )
-        if not prefill and uses_cpu_decode(self.runner.impl, layout):
-            # Decode-only steps on the CPU path: its cost follows the live lengths, not the table
-            # width, so one full-width table and finer batch buckets (less padding as the batch
-            # shrinks) keep the number of compiled variants small.
-            layout = dataclasses.replace(
-                layout, n_dec=fine_bucket(len(decode), 8, cfgc.max_num_seqs), pps=self.max_pps)
-        N, R = layout.num_tokens, layout.num_rows
-        tokens = np.zeros(N, np.int32)
-        positions = np.zeros(N, np.int32)
-        slots = np.full(N, -1, np.int32)
-        logits_index = np.zeros(R, np.int32)
-        temperature = np.zeros(R, np.float32)
-        top_p = np.ones(R, np.float32)
-        top_k = np.zeros(R, np.int32)
-        seeds = np.zeros(R, np.uint32)
-        gen_index = np.zeros(R, np.int32)
-        rows: list[tuple[_Seq, int]] = []
-        batch: dict[str, np.ndarray] = {}
-
-        def set_row(row, seq):
-            sp = seq.sampling
-            temperature[row], top_p[row], top_k[row] = sp.temperature, sp.top_p, sp.top_k
-            seeds[row] = sp.seed & 0xFFFFFFFF
-            gen_index[row] = len(seq.output)
-
-        def region(prefix, n_slots, items, token_start, row_start, row_stride=1):
-            cu = np.zeros(n_slots + 1, np.int32)
-            kv_lens = np.zeros(n_slots, np.int32)
-            pages = np.zeros((n_slots, layout.pps), np.int32)
-            t = token_start
-            for i, (seq, n) in enumerate(items):
-                toks = seq.tokens
-                start = seq.num_computed
-                pos = np.arange(start, start + n)
-                tokens[t:t + n] = toks[start:start + n]
-                positions[t:t + n] = pos
-                pg = np.asarray(seq.pages, np.int64)
-                slots[t:t + n] = pg[pos // S] * S + pos % S
-                cu[i + 1] = cu[i] + n
-                kv_lens[i] = start + n
-                pages[i, :len(seq.pages)] = seq.pages
-                t += n
-                if start + n == len(toks):  # the last pending token: sample after it
-                    row = row_start + i * row_stride
-                    logits_index[row] = t - 1
-                    set_row(row, seq)
-                    rows.append((seq, row))
-            cu[len(items) + 1:] = cu[len(items)]
-            batch.update({f"{prefix}_cu": cu, f"{prefix}_kv_lens": kv_lens, f"{prefix}_pages": pages,
-                          f"{prefix}_num": np.int32(len(items))})
-            return t
-
-        split = layout.n_dec * layout.q_dec
-        if layout.n_dec:
-            region("dec", layout.n_dec, [(s, 1) for s in decode], 0, 0, layout.q_dec)
-        if drafts is not None:
-            self._add_drafts(layout, batch, decode, drafts, tokens, positions, slots, logits_index)
-        if layout.n_pre:
-            region("pre", layout.n_pre, prefill, split, split)
-        batch.update(tokens=tokens, positions=positions, slots=slots, logits_index=logits_index,
-                     temperature=temperature, top_p=top_p, top_k=top_k, seeds=seeds,
-                     gen_index=gen_index)
-        return layout, batch, rows
-
-    def _add_drafts(self, layout, batch, decode, drafts, tokens, positions, slots, logits_index):
-        """Re-lay the decode region as [pending token, draft nodes...] per sequence."""
-        from seer_jax.engine.speculation import verify_parents
-
-        S = self.config.page_size
-        q = layout.q_dec
-        n_nodes = q - 1
-        cu = np.zeros(layout.n_dec + 1, np.int32)
-        kv_lens = batch["dec_kv_lens"]
-        parents = np.full(layout.n_dec * q, -1, np.int32)
-        d_tokens = np.zeros((layout.n_dec, n_nodes), np.int32)
-        d_parents = np.full((layout.n_dec, n_nodes), -1, np.int32)
-        num_draft = np.zeros(layout.n_dec, np.int32)
-        t = 0
-        for i, (seq, d) in enumerate(zip(decode, drafts, strict=True)):
-            n = len(d)
-            root = seq.num_computed
-            tokens[t] = seq.tokens[-1]
-            tokens[t + 1:t + 1 + n] = d.tokens
-            positions[t] = root
-            positions[t + 1:t + 1 + n] = root + d.depths()
-            pos = root + np.arange(n + 1)
-            pg = np.asarray(seq.pages, np.int64)
-            slots[t:t + 1 + n] = pg[pos // S] * S + pos % S
-            parents[t:t + 1 + n] = verify_parents(d)
-            logits_index[i * q:i * q + 1 + n] = np.arange(t, t + 1 + n)
-            kv_lens[i] = root + 1 + n
-            cu[i + 1] = cu[i] + 1 + n
-            d_tokens[i, :n] = d.tokens
-            d_parents[i, :n] = d.parents
-            num_draft[i] = n
-            t += 1 + n
-        cu[len(decode) + 1:] = cu[len(decode)]
-        slots[t:layout.n_dec * q] = -1
-        batch.update(dec_cu=cu, dec_kv_lens=kv_lens, dec_parents=parents, draft_tokens=d_tokens,
-                     draft_parents=d_parents, num_draft=num_draft)
 
     # ------------------------------------------------------------------ conveniences
     def run_until_done(self, max_steps: int = 1_000_000) -> dict[str, RequestOutput]:

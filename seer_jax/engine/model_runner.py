@@ -13,15 +13,19 @@ through the layer scan and donated to every step, so updates happen in place.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
 import time
+from typing import TYPE_CHECKING
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+if TYPE_CHECKING:
+    from seer_jax.engine.batch import StepBatch
 from seer_jax.engine.cpu_attention import gather_pages, paged_decode_attention
 from seer_jax.model.config import ModelConfig
 from seer_jax.model.llama import Params, forward, jnp_dtype
@@ -32,7 +36,10 @@ from seer_jax.pallas.acceptance import accept_draft_tree
 from seer_jax.pallas.checks import resolve_impl
 
 TRACE_COUNTS: dict[str, int] = {"step": 0}
-_EXECUTABLES: dict[tuple, object] = {}  # compiled steps by (function, static args, shapes, sharding)
+# compiled steps by (function, static args, shapes, sharding), least recently used first; bounded
+# so that engines kept alive for days (a trainer's) do not accumulate executables without end
+_EXECUTABLES: collections.OrderedDict[tuple, object] = collections.OrderedDict()
+MAX_EXECUTABLES = 512
 
 
 @dataclasses.dataclass(frozen=True)
@@ -217,15 +224,22 @@ class ModelRunner:
                self.k_all.shape, str(self.k_all.dtype), str(self.k_all.sharding),
                tuple(sorted(d.id for d in self.k_all.sharding.device_set)))
         exe = _EXECUTABLES.get(key)
-        if exe is None:
+        if exe is not None:
+            _EXECUTABLES.move_to_end(key)
+        else:
             t0 = time.perf_counter()
             exe = fn.lower(self.params, self.k_all, self.v_all, dev, **static).compile()
             self.compile_s += time.perf_counter() - t0
             _EXECUTABLES[key] = exe
+            while len(_EXECUTABLES) > MAX_EXECUTABLES:
+                _EXECUTABLES.popitem(last=False)
         return exe
 
-    def sample(self, layout: Layout, batch: dict[str, np.ndarray], num_top: int = 0):
-        dev = {k: jnp.asarray(v) for k, v in batch.items()}
+    def sample(self, batch: StepBatch, num_top: int = 0):
+        """Run a step and sample one token per row; host arrays (tokens [rows], logprobs
+        [rows], top-logprobs or None)."""
+        layout = batch.layout
+        dev = {k: jnp.asarray(v) for k, v in batch.arrays().items()}
         exe = self._executable(_sample_step, dev, cfg=self.cfg, layout=layout, impl=self.impl,
                                num_top=num_top)
         self.k_all, self.v_all, toks, lps, top = exe(self.params, self.k_all, self.v_all, dev)
@@ -234,10 +248,11 @@ class ModelRunner:
             top = (np.asarray(top[0]), np.asarray(top[1]))
         return toks, lps, top
 
-    def verify(self, layout: Layout, batch: dict[str, np.ndarray]):
+    def verify(self, batch: StepBatch):
         """Run a speculative step; returns host arrays (tokens [n_dec, q], logprobs [n_dec, q],
         num_accepted [n_dec], accepted_nodes [n_dec, q-1]) and the prefill (tokens, logprobs)."""
-        dev = {k: jnp.asarray(v) for k, v in batch.items()}
+        layout = batch.layout
+        dev = {k: jnp.asarray(v) for k, v in batch.arrays().items()}
         exe = self._executable(_verify_step, dev, cfg=self.cfg, layout=layout, impl=self.impl)
         self.k_all, self.v_all, res, pre = exe(self.params, self.k_all, self.v_all, dev)
         out = (np.asarray(res.tokens), np.asarray(res.logprobs), np.asarray(res.num_accepted),

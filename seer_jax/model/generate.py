@@ -19,7 +19,8 @@ from seer_jax.errors import InputError
 from seer_jax.model.config import ModelConfig
 from seer_jax.model.dense_cache import dense_attention, init_dense_cache
 from seer_jax.model.llama import Params, forward
-from seer_jax.model.sampling_params import SamplingParams, request_keys, sample_tokens
+from seer_jax.model.sampling import request_keys, sample_tokens
+from seer_jax.model.sampling_params import SamplingParams
 
 GREEDY = SamplingParams(temperature=0.0)
 

@@ -61,7 +61,7 @@ def default_config() -> ml_collections.ConfigDict:
 
 
 def bench_config(mix: str) -> ml_collections.ConfigDict:
-    """The rollout benchmark (issue scale): 32 prompts x G=8, 512 tokens, 4 instances, all policies."""
+    """The rollout benchmark: 32 prompts x G=8, 512 tokens, 4 instances, all policies."""
     c = default_config()
     c.prompts = mix
     c.num_prompts = 32

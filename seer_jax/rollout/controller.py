@@ -1,6 +1,6 @@
 """The host-side rollout controller: divided rollout, KV pool, placement, context-aware policies.
 
-What it does (DESIGN.md §2.1-2.2): a batch of groups (one prompt, G responses each) becomes G
+What it does: a batch of groups (one prompt, G responses each) becomes G
 requests per group; a request runs as a sequence of *chunks* of at most `chunk_size` new tokens
 (`max_new_tokens = min(chunk_size, original_max_tokens - generated)`). Between chunks the request
 waits in the *request buffer*, ordered by the policy (`seer_jax.rollout.policies`), and its KV

@@ -1,4 +1,4 @@
-"""Drivers: the clock worlds that step instances and feed the controller (DESIGN.md §3).
+"""Drivers: the clock worlds that step instances and feed the controller.
 
 The controller never reads a clock; a driver owns time:
 

@@ -1,4 +1,4 @@
-"""The global KV pool, in-process host-memory backend (DESIGN.md §2.1).
+"""The global KV pool, in-process host-memory backend.
 
 Between two chunks of a request its KV cache lives here, so the next chunk can run on any
 instance without re-prefill. Blobs are opaque (a real engine stores host copies of its pages, the

@@ -1,4 +1,4 @@
-"""Placement: which instance runs a request's next chunk (DESIGN.md §2.1).
+"""Placement: which instance runs a request's next chunk.
 
 Rule (Seer paper §4.2):
 - *balanced* (max - min in-flight chunks across live instances <= `balance_threshold`): prefer

@@ -4,7 +4,7 @@ Metrics (times in seconds on the driver's clock, the rollout starts at 0):
 - output tokens, makespan (last response finished), output tokens/s = tokens / makespan;
 - latency p50/p90/p99/max of responses (submitted -> finished);
 - tail time: how long the last 10% of responses took = makespan - the time by which 90% had
-  finished (DESIGN.md §1: the long tail);
+  finished (the long tail);
 - per-instance busy/idle fractions of the makespan (busy = sum of step durations) and the time
   each instance was last busy;
 - preemptions, migrations, chunks, re-prefilled tokens, KV bytes imported/exported by instances

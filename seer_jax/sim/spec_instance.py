@@ -12,7 +12,7 @@ preemption, prefix caching, pool export/import and chunk-end rules) and adds:
   one-iteration step of the base class runs, with its preemption). `macro_steps` bounds how late
   a chunk submitted to this instance by another instance's event can start (the driver delivers
   events in time order, but an instance already advanced past that time starts it at its clock).
-- **Speculative decoding with an acceptance model** (DESIGN.md §2.3). Per-position conditional
+- **Speculative decoding with an acceptance model**. Per-position conditional
   acceptance rates interpolate between `solo_acceptance` (a request drafting from its own text)
   and `acceptance` (the group's context is rich) by the share of the request's siblings that
   have already generated past its position (`GroupProgress`, shared by all instances: the

@@ -36,7 +36,7 @@ def _queries(groups, **kw):
 
 
 def test_service_implements_protocol_and_versions_count_messages():
-    svc = InProcessDraftService()
+    svc = InProcessDraftService(keep_log=True)
     assert isinstance(svc, DraftService)
     assert svc.append("g", None, [1, 2, 3]) == 1
     assert svc.append("g", "a", np.array([4, 5], np.int64)) == 2
@@ -53,7 +53,7 @@ def test_service_implements_protocol_and_versions_count_messages():
 def test_replica_after_sync_drafts_like_the_source():
     groups = synthetic_groups(3, 4, 60, mix="structured", seed=1)
     cfg = DraftConfig()
-    svc = InProcessDraftService(cfg)
+    svc = InProcessDraftService(cfg, keep_log=True)
     replica = DraftReplica(svc, cfg)
     ids = [g.group_id for g in groups]
     _feed(svc, groups, 30)
@@ -75,7 +75,7 @@ def test_replica_after_sync_drafts_like_the_source():
 
 
 def test_replica_lags_until_refresh():
-    svc = InProcessDraftService()
+    svc = InProcessDraftService(keep_log=True)
     rep = DraftReplica(svc)
     svc.append("g", None, [1])
     svc.append("g", "a", [5, 6, 7, 8, 9])
@@ -90,7 +90,7 @@ def test_replica_lags_until_refresh():
 
 
 def test_speculate_batch_handles_unknown_groups_and_per_request_mode():
-    svc = InProcessDraftService(DraftConfig(mode="per_request"))
+    svc = InProcessDraftService(DraftConfig(mode="per_request"), keep_log=True)
     svc.append("g", None, [1, 2])
     svc.append("g", "a", [3, 4, 5])
     svc.append("g", "b", [3, 4])
@@ -152,3 +152,15 @@ def test_engine_flow_with_budget_respects_the_step_budget():
             assert out[(g.group_id, f"r{i}")] == r
     assert steps < max(len(r) for g in groups for r in g.responses)
     assert budget.stats.observations[0] > 0
+
+
+def test_the_service_keeps_at_most_max_groups_contexts_and_no_log_by_default():
+    svc = InProcessDraftService(max_groups=2)
+    for g in ("a", "b", "a", "c"):  # "b" is the least recently written when "c" arrives
+        svc.append(g, None, [1, 2, 3])
+    assert svc.context("b") is None and svc.version("b") == 0
+    assert svc.context("a") is not None and svc.context("c") is not None
+    with pytest.raises(InputError, match="keeps no append log"):
+        svc.sync(["a"])
+    with pytest.raises(InputError, match="max_groups=0"):
+        InProcessDraftService(max_groups=0)

@@ -8,7 +8,7 @@ import pytest
 
 from seer_jax.engine import model_runner
 from seer_jax.engine.engine import Engine, EngineConfig
-from seer_jax.errors import InputError
+from seer_jax.errors import ConfigError, InputError
 from seer_jax.model.config import tiny_config
 from seer_jax.model.generate import full_forward, generate
 from seer_jax.model.llama import init_params
@@ -179,3 +179,17 @@ def test_bad_input_rejected_engine_keeps_serving(kwargs, msg):
         eng.add_request(**args)
     out = eng.run_until_done()
     assert list(out) == ["ok"] and out["ok"].token_ids == generate(PARAMS, CFG, PROMPTS[1:2], 5)[0].token_ids
+
+
+def test_step_stats_and_compiled_steps_are_bounded():
+
+    cfg = tiny_config()
+    eng = Engine(cfg, init_params(cfg, 0), EngineConfig(num_pages=32, page_size=8,
+                                                        max_step_stats=3))
+    eng.add_request("r", [1, 2, 3], 6, SamplingParams(temperature=0.0))
+    eng.run_until_done()
+    assert eng.step_count >= 6 and len(eng.step_stats) == 3
+    assert [s.step for s in eng.step_stats] == list(range(eng.step_count - 3, eng.step_count))
+    assert len(model_runner._EXECUTABLES) <= model_runner.MAX_EXECUTABLES
+    with pytest.raises(ConfigError, match="max_step_stats"):
+        EngineConfig(max_step_stats=0).validate()

@@ -1,4 +1,4 @@
-"""`group_round_robin`: the veRL baseline (DESIGN.md §1).
+"""`group_round_robin`: the veRL baseline.
 
 Whole groups are pinned to instances in turn (group i -> i-th live instance modulo their number),
 requests are not chunked (one chunk of the whole original max_tokens) and everything is submitted

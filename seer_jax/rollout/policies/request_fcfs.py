@@ -1,4 +1,4 @@
-"""`request_fcfs`: divided rollout without context (DESIGN.md §2.1 baseline).
+"""`request_fcfs`: divided rollout without context (the divided-rollout baseline).
 
 Requests are chunked and placed on any instance by the controller's placement; the buffer is
 first-come-first-served (a request whose chunk ended goes to the back of the line).

@@ -1,4 +1,4 @@
-"""`seer`: context-aware scheduling (DESIGN.md §2.2, Seer paper §4.3).
+"""`seer`: context-aware scheduling, Seer paper §4.3.
 
 - Every group has one *probe* request (its sample 0). While the group has no finished request,
   its probe sits in a high-priority queue ordered *shortest generated so far first* (SFS), so
@@ -75,7 +75,7 @@ class SeerPolicy(Policy):
             raise ConfigError(f"seer estimator={est!r} is unknown; allowed: {list(ESTIMATORS)}")
         limit = options.get("starvation_pops")
         # auto: the number of requests for the paper's estimator; for the posterior, which defers
-        # only what it is confident is short, a backstop 4x as patient (the quantile is the guard)
+        # only what it is confident is short, a 4x more patient backstop guard (the quantile is the guard)
         auto = len(self.requests) * (4 if est == "posterior" else 1)
         self.starvation_pops = auto if limit is None or int(limit) < 0 else int(limit)
         self.estimator = est
