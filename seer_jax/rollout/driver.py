@@ -11,6 +11,8 @@ The controller never reads a clock; a driver owns time:
   This is how one 2-core machine reports what N accelerators would do.
 - `WallClockDriver`: real time from an injected `clock` (default `time.perf_counter`); steps the
   instances with work in turn and delivers their chunks at the current time.
+- `ConcurrentDriver` (`rollout.concurrent_driver`): real time, every instance stepping at once
+  (Ray actors, or threads for in-process slices), results delivered in rounds.
 
 Both record per-instance busy time (sum of step durations), step counts and the last time each
 instance was busy, for the report. Times given to the controller are seconds since `run()` began.
@@ -172,11 +174,22 @@ class WallClockDriver(_DriverBase):
         self.end_time = self.clock() - origin
 
 
+CLOCKS = ("emulated", "wall", "concurrent")
+
+
 def make_driver(
-    clock: str, controller: Controller, wall_clock: Callable[[], float] | None = None
-) -> EmulatedClusterDriver | WallClockDriver:
+    clock: str, controller: Controller, wall_clock: Callable[[], float] | None = None,
+    fault=None,
+) -> _DriverBase:
+    """The driver of a clock world; `fault` (a `concurrent_driver.FaultPlan`) needs "concurrent"."""
+    if fault is not None and clock != "concurrent":
+        raise ConfigError(f"clock={clock!r} with fault injection is invalid; allowed: 'concurrent'")
     if clock == "emulated":
         return EmulatedClusterDriver(controller)
     if clock == "wall":
         return WallClockDriver(controller, wall_clock)
-    raise ConfigError(f"clock={clock!r} is unknown; allowed: ['emulated', 'wall']")
+    if clock == "concurrent":
+        from seer_jax.rollout.concurrent_driver import ConcurrentDriver
+
+        return ConcurrentDriver(controller, wall_clock, fault)
+    raise ConfigError(f"clock={clock!r} is unknown; allowed: {list(CLOCKS)}")

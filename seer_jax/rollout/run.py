@@ -36,6 +36,7 @@ def rollout(
     progress: ProgressFn | None = None,
     detokenize: Callable[[list[int]], str] | None = None,
     policy_options: Mapping[str, Any] | None = None,
+    fault: Any = None,
 ) -> RolloutOutput:
     """Run one synchronous rollout: every group's prompt sampled `group_size` times.
 
@@ -43,7 +44,8 @@ def rollout(
     (they must share `pool` for KV moves between chunks). policy: a name in `POLICIES` or a
     built `Policy`; policy_options: its own options (e.g. seer's estimator and quantile).
     clock: "emulated" (`EmulatedClusterDriver`, per-instance virtual clocks) or "wall"
-    (`WallClockDriver`, `wall_clock` defaults to time.perf_counter).
+    (`WallClockDriver`, `wall_clock` defaults to time.perf_counter) or "concurrent"
+    (`ConcurrentDriver`: every instance steps at once; `fault`: a `FaultPlan` to inject).
     Returns every response (group order, then sample order) and the rollout report.
     """
     ctl = Controller(
@@ -59,7 +61,7 @@ def rollout(
         progress=progress,
         policy_options=policy_options,
     )
-    driver = make_driver(clock, ctl, wall_clock=wall_clock)
+    driver = make_driver(clock, ctl, wall_clock=wall_clock, fault=fault)
     driver.run()
     results = ctl.results(detokenize)
     report = build_report(results, ctl, driver, pool=pool)
