@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import pathlib
+import sys
 from typing import Any
 
 from seer_jax.errors import ConfigError
@@ -70,6 +71,10 @@ class RayBackendConfig:
     def actor_env(self, tp: int) -> dict[str, str]:
         """Environment of an engine actor, set before it imports jax."""
         env = {}
+        jax = sys.modules.get("jax")
+        precision = jax.config.jax_default_matmul_precision if jax is not None else None
+        if precision:  # actors compute at the driver's matmul precision
+            env["JAX_DEFAULT_MATMUL_PRECISION"] = str(precision)
         if self.resource == "CPU":
             env["JAX_PLATFORMS"] = "cpu"
             flags = os.environ.get("XLA_FLAGS", "")

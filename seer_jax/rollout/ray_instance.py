@@ -133,8 +133,10 @@ class EngineActor:
         self.params, self.params_version = params, version
         return version
 
-    def reset(self) -> ActorSnapshot:
-        """A fresh engine (empty caches, clock 0, empty step log) with the current weights."""
+    def reset(self, pool: KVPool | None = None) -> ActorSnapshot:
+        """A fresh engine (empty caches, clock 0, empty step log) with the current weights, and
+        a new KV pool when given."""
+        self.pool = pool or self.pool
         self._build()
         return self.snapshot()
 
@@ -232,9 +234,11 @@ class RayInstance:
 class RayInstanceGroup:
     """The actors of one rollout deployment: their proxies, the KV pool, weight sync, shutdown."""
 
-    def __init__(self, instances: list[RayInstance], pool: KVPool, placement_group: Any):
+    def __init__(self, instances: list[RayInstance], pool: KVPool, placement_group: Any,
+                 pool_capacity_bytes: int | None = None):
         self.instances = instances
         self.pool = pool
+        self.pool_capacity_bytes = pool_capacity_bytes
         self.placement_group = placement_group
         self.params_version = 0
 
@@ -254,18 +258,29 @@ class RayInstanceGroup:
         return version
 
     def reset(self) -> None:
-        """Fresh engines on every live actor (between independent rollouts)."""
+        """Fresh engines and a fresh KV pool (zeroed counters) on every live actor, between
+        independent rollouts."""
         import ray
 
+        from seer_jax.rollout.ray_pool import RayKVPool
+
+        old, self.pool = self.pool, RayKVPool.create(self.pool_capacity_bytes)
         live = [i for i in self.instances if not i.lost]
-        for inst, snap in zip(live, ray.get([i.actor.reset.remote() for i in live]), strict=True):
+        snaps = ray.get([i.actor.reset.remote(self.pool) for i in live])
+        for inst, snap in zip(live, snaps, strict=True):
             inst.snap = snap
+        if hasattr(old, "shutdown"):
+            old.shutdown()
 
     def step_logs(self) -> list:
         import ray
 
         live = [i for i in self.instances if not i.lost]
         return [row for rows in ray.get([i.actor.step_log.remote() for i in live]) for row in rows]
+
+    @property
+    def lost(self) -> list[int]:
+        return [i.instance_id for i in self.instances if i.lost]
 
     def shutdown(self) -> None:
         import ray
@@ -317,4 +332,4 @@ def make_ray_instances(cfg: ModelConfig, weights: Weights, *, num_instances: int
     snaps = ray.get([a.snapshot.remote() for a in actors], timeout=backend.step_timeout_s)
     instances = [RayInstance(i, a, s, backend.step_timeout_s)
                  for i, (a, s) in enumerate(zip(actors, snaps, strict=True))]
-    return RayInstanceGroup(instances, pool, pg)
+    return RayInstanceGroup(instances, pool, pg, pool_capacity_bytes)
