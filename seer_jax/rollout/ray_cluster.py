@@ -41,6 +41,7 @@ class RayBackendConfig:
     step_timeout_s: an actor whose step has not returned after this long is killed and lost.
     object_store_mb: object-store size of a local cluster (KV pool blobs and weights live there).
     num_cpus: logical CPUs of a local cluster (0 = max(os.cpu_count(), instances)).
+    env: extra environment variables of every engine actor (e.g. a JAX compilation cache dir).
     """
 
     address: str = ""
@@ -49,6 +50,7 @@ class RayBackendConfig:
     step_timeout_s: float = 600.0
     object_store_mb: int = 400
     num_cpus: int = 0
+    env: dict[str, str] = dataclasses.field(default_factory=dict)  # extra actor env vars
 
     def validate(self) -> RayBackendConfig:
         if self.resource not in RESOURCES:
@@ -80,6 +82,7 @@ class RayBackendConfig:
             flags = os.environ.get("XLA_FLAGS", "")
             flags = " ".join(f for f in flags.split() if "xla_force_host_platform_device_count" not in f)
             env["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={tp}".strip()
+        env.update(self.env)
         if not self.address:
             # a local cluster runs this checkout's code, even when it is not the installed one
             root = str(pathlib.Path(__file__).resolve().parents[2])

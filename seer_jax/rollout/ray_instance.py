@@ -39,6 +39,7 @@ from seer_jax.rollout.instance import KVPool
 from seer_jax.rollout.ray_cluster import RayBackendConfig, ensure_ray
 from seer_jax.rollout.types import ChunkRequest, InstanceLoad, StepReport
 
+PLACEMENT_TIMEOUT_S = 60.0  # how long to wait for the cluster to fit the placement group
 Weights = Mapping[str, Any] | str  # a params tree of arrays, or a model name/path to load
 
 
@@ -248,8 +249,12 @@ class RayInstanceGroup:
         import ray
 
         version = self.params_version + 1 if version is None else version
-        ref = ray.put(numpy_params(params))
         live = [i for i in self.instances if not i.lost]
+        busy = [i.instance_id for i in live if i.has_work()]
+        if busy:  # checked before any actor changes: all actors move to the new version or none
+            raise SeerError(f"update_params with chunks in flight on instances {busy}; "
+                            "sync between rollouts")
+        ref = ray.put(numpy_params(params))
         got = ray.get([i.actor.update_params.remote(version, ref) for i in live])
         for inst in live:
             inst.snap.params_version = version
@@ -310,7 +315,13 @@ def make_ray_instances(cfg: ModelConfig, weights: Weights, *, num_instances: int
     bundle = backend.bundle(tp)
     pg = ray.util.placement_group([dict(bundle) for _ in range(num_instances)],
                                   strategy=backend.strategy)
-    ray.get(pg.ready(), timeout=backend.step_timeout_s)
+    try:
+        ray.get(pg.ready(), timeout=min(backend.step_timeout_s, PLACEMENT_TIMEOUT_S))
+    except ray.exceptions.GetTimeoutError:
+        ray.util.remove_placement_group(pg)
+        raise SeerError(
+            f"the cluster cannot place {num_instances} bundles of {bundle} "
+            f"(strategy {backend.strategy}); available: {ray.available_resources()}") from None
     pool = RayKVPool.create(pool_capacity_bytes)
     weights_arg = weights if isinstance(weights, str) else ray.put(numpy_params(weights))
     actor_cls = ray.remote(EngineActor)
