@@ -39,7 +39,8 @@ class FaultPlan:
 
     instance: int
     after_chunks: int
-    fired_at: float | None = None
+    fired_at: float | None = None  # driver time of the kill
+    detect_s: float | None = None  # kill until the driver saw the instance gone
 
     def validate(self, num_instances: int) -> FaultPlan:
         if not 0 <= self.instance < num_instances:
@@ -136,10 +137,12 @@ class ConcurrentDriver(_DriverBase):
         f.fired_at = now
         self.lost_reasons[f.instance] = f"killed by the fault plan after {f.after_chunks} chunks"
         inst = self.ctl.instances[f.instance]
+        t0 = time.perf_counter()
         if hasattr(inst, "kill"):
             inst.kill()
             try:  # the process is gone: confirm it the way a real failure is found
                 inst.check_alive()
             except InstanceLostError:
                 pass
+        f.detect_s = time.perf_counter() - t0
         self._lose(f.instance, now)
