@@ -23,8 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
-import subprocess
 import sys
 import time
 
@@ -38,11 +36,12 @@ import numpy as np  # noqa: E402
 from seer_jax.engine.engine import EngineConfig, KVBlob  # noqa: E402
 from seer_jax.model.config import tiny_config  # noqa: E402
 from seer_jax.model.llama import init_params  # noqa: E402
+from seer_jax.provenance import run_info  # noqa: E402
 from seer_jax.rollout.concurrent_driver import FaultPlan  # noqa: E402
-from seer_jax.rollout.controller import rollout  # noqa: E402
 from seer_jax.rollout.engine_instance import make_engine_instances  # noqa: E402
 from seer_jax.rollout.kv_pool import HostKVPool  # noqa: E402
 from seer_jax.rollout.ray_cluster import RayBackendConfig, ensure_ray  # noqa: E402
+from seer_jax.rollout.run import rollout  # noqa: E402
 from seer_jax.rollout.types import SamplingParams  # noqa: E402
 
 CFG = tiny_config(hidden_size=256, intermediate_size=512, num_layers=4, num_heads=8,
@@ -184,14 +183,9 @@ def main(argv: list[str] | None = None) -> int:
         "fault_tokens_identical": fault_same,
         "actor_start_s": start_s,
     }
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                            cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip()
     report = {
         "summary": summary,
-        "command": "python " + " ".join([os.path.relpath(__file__)] + (argv or sys.argv[1:])),
-        "commit": commit,
-        "versions": {"python": platform.python_version(), "jax": jax.__version__,
-                     "ray": ray.__version__, "cpus": os.cpu_count()},
+        "run": run_info(),
         "workload": {"groups": args.groups, "group_size": 4, "max_tokens": args.max_tokens,
                      "chunk_size": 16, "policy": "seer", "model": "random hidden 256 x 4 layers"},
         "runs": {"inprocess_in_turn": in_turn, "inprocess_threads": threads, "ray": on_ray,

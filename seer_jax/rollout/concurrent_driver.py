@@ -25,12 +25,15 @@ import concurrent.futures
 import dataclasses
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from seer_jax.errors import ConfigError
-from seer_jax.rollout.controller import Controller, InstanceLostError
 from seer_jax.rollout.driver import _DriverBase
+from seer_jax.rollout.instance import InstanceLostError
 from seer_jax.rollout.types import StepReport
+
+if TYPE_CHECKING:
+    from seer_jax.rollout.controller import Controller
 
 
 @dataclasses.dataclass

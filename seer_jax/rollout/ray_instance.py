@@ -34,8 +34,7 @@ import numpy as np
 from seer_jax.engine.engine import EngineConfig
 from seer_jax.errors import SeerError
 from seer_jax.model.config import ModelConfig
-from seer_jax.rollout.controller import InstanceLostError
-from seer_jax.rollout.instance import KVPool
+from seer_jax.rollout.instance import InstanceLostError, KVPool
 from seer_jax.rollout.ray_cluster import RayBackendConfig, ensure_ray
 from seer_jax.rollout.types import ChunkRequest, InstanceLoad, StepReport
 

@@ -14,9 +14,9 @@ from seer_jax.model.generate import generate
 from seer_jax.model.llama import init_params
 from seer_jax.rollout.api import default_config, validate_config
 from seer_jax.rollout.concurrent_driver import FaultPlan
-from seer_jax.rollout.controller import rollout
 from seer_jax.rollout.engine_instance import make_engine_instances
 from seer_jax.rollout.kv_pool import HostKVPool
+from seer_jax.rollout.run import rollout
 from seer_jax.rollout.types import SamplingParams
 
 CFG = tiny_config(eos_token_ids=(7,))
