@@ -174,22 +174,14 @@ class WallClockDriver(_DriverBase):
         self.end_time = self.clock() - origin
 
 
-CLOCKS = ("emulated", "wall", "concurrent")
+CLOCKS = ("emulated", "wall", "concurrent")  # "concurrent": `rollout.concurrent_driver`
 
 
 def make_driver(
-    clock: str, controller: Controller, wall_clock: Callable[[], float] | None = None,
-    fault=None,
-) -> _DriverBase:
-    """The driver of a clock world; `fault` (a `concurrent_driver.FaultPlan`) needs "concurrent"."""
-    if fault is not None and clock != "concurrent":
-        raise ConfigError(f"clock={clock!r} with fault injection is invalid; allowed: 'concurrent'")
+    clock: str, controller: Controller, wall_clock: Callable[[], float] | None = None
+) -> EmulatedClusterDriver | WallClockDriver:
     if clock == "emulated":
         return EmulatedClusterDriver(controller)
     if clock == "wall":
         return WallClockDriver(controller, wall_clock)
-    if clock == "concurrent":
-        from seer_jax.rollout.concurrent_driver import ConcurrentDriver
-
-        return ConcurrentDriver(controller, wall_clock, fault)
     raise ConfigError(f"clock={clock!r} is unknown; allowed: {list(CLOCKS)}")

@@ -6,6 +6,8 @@ import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from seer_jax.errors import ConfigError
+from seer_jax.rollout.concurrent_driver import ConcurrentDriver
 from seer_jax.rollout.controller import Controller, ControllerConfig, ProgressFn, ResponseResult
 from seer_jax.rollout.driver import make_driver
 from seer_jax.rollout.instance import Instance, KVPool
@@ -61,7 +63,12 @@ def rollout(
         progress=progress,
         policy_options=policy_options,
     )
-    driver = make_driver(clock, ctl, wall_clock=wall_clock, fault=fault)
+    if clock == "concurrent":
+        driver = ConcurrentDriver(ctl, wall_clock, fault)
+    elif fault is not None:
+        raise ConfigError(f"clock={clock!r} with fault injection is invalid; allowed: 'concurrent'")
+    else:
+        driver = make_driver(clock, ctl, wall_clock=wall_clock)
     driver.run()
     results = ctl.results(detokenize)
     report = build_report(results, ctl, driver, pool=pool)
