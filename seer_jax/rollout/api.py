@@ -220,7 +220,7 @@ def run_rollout(c: ml_collections.ConfigDict,
             hindsight = Hindsight(true_lengths={r.request_id: len(r.token_ids) for r in first.results})
         pol = catalog.make(policy, hindsight)
         if c.backend == "ray":
-            ray_group = _ray_group(c, cfg, params, engine_cfg, eos, ray_group)
+            ray_group = _ray_group(c, cfg, engine_cfg, eos, ray_group)
             out = rollout(
                 prompts, group_size=c.group_size, max_tokens=c.max_tokens,
                 instances=ray_group.instances, sampling=sampling, policy=pol, pool=ray_group.pool,
@@ -271,7 +271,7 @@ def run_rollout(c: ml_collections.ConfigDict,
     return RolloutRun(prompts, outputs, summary, step_logs, kv_capacity)
 
 
-def _ray_group(c, cfg, params, engine_cfg, eos, group):
+def _ray_group(c, cfg, engine_cfg, eos, group):
     """Ray actors for the next policy's rollout: the previous ones reset (fresh engines and KV
     pool), or new ones when there were none or one was lost."""
     from seer_jax.rollout.ray_instance import make_ray_instances
@@ -283,7 +283,8 @@ def _ray_group(c, cfg, params, engine_cfg, eos, group):
         group.shutdown()
     backend = RayBackendConfig(address=c.ray_address, resource=c.ray_resource,
                                step_timeout_s=c.ray_step_timeout_s)
-    return make_ray_instances(cfg, params, num_instances=c.num_instances, tp=c.tp,
+    # each actor loads the weights itself from the model name/path (no copy in the object store)
+    return make_ray_instances(cfg, c.model, num_instances=c.num_instances, tp=c.tp,
                               engine_config=engine_cfg, backend=backend, dtype=c.dtype,
                               eos_ids=eos, record_steps=True)
 
