@@ -21,6 +21,8 @@ def get_config():
     c.mesh.update(dict(num_instances=4, tp=2, devices=8, hbm_gib_per_device=131.0))
     c.engine.update(dict(page_size=16, num_pages=0, kv_memory_gib=160.0, max_num_seqs=256,
                          max_num_batched_tokens=8192, max_prefill_seqs=8, max_model_len=17408))
+    # one Ray actor per tp2 slice, all four on this host
+    c.backend.update(dict(kind="ray", resource="GPU", strategy="PACK"))
     c.policies = "seer"
     c.controller.chunk_size = 2048
     c.sampling.update(dict(group_size=8, max_tokens=16384, max_prompt_length=1024,

@@ -21,6 +21,8 @@ def get_config():
     c.mesh.update(dict(num_instances=8, tp=4, devices=32, hbm_gib_per_device=88.0))
     c.engine.update(dict(page_size=64, num_pages=0, kv_memory_gib=240.0, max_num_seqs=256,
                          max_num_batched_tokens=8192, max_prefill_seqs=8, max_model_len=33792))
+    # one Ray actor per slice, each slice on its own host (4 chips = one v5p host)
+    c.backend.update(dict(kind="ray", resource="TPU", strategy="STRICT_SPREAD"))
     c.policies = "seer"
     c.controller.chunk_size = 8192
     c.sampling.update(dict(group_size=16, max_tokens=32768, max_prompt_length=1024,

@@ -21,6 +21,7 @@ from seer_jax.model.llama import LOGICAL_AXES, param_shapes
 from seer_jax.model.sharding import ShardingRules
 from seer_jax.rollout.controller import ControllerConfig
 from seer_jax.rollout.policies import CATALOG, default_policy_options
+from seer_jax.rollout.ray_cluster import RayBackendConfig
 
 PLATFORMS = ("cpu", "gpu", "tpu")
 MODEL_DIM_KEYS = ("architecture", "vocab_size", "hidden_size", "intermediate_size", "num_layers",
@@ -49,6 +50,11 @@ def default_config() -> ml_collections.ConfigDict:
     c.policies = "seer"  # the scheduling policy (one name)
     c.controller = ml_collections.ConfigDict(dataclasses.asdict(ControllerConfig(chunk_size=64)))
     c.policy = default_policy_options()  # policy.<name>.<option>
+    # where instances run: "inprocess" (mesh slices of one process) or "ray" (one Ray actor per
+    # slice, one placement-group bundle per slice host; see docs/deployment.md)
+    c.backend = ml_collections.ConfigDict(dict(
+        kind="inprocess", ray_address="", resource="CPU", strategy="SPREAD", step_timeout_s=600.0,
+        hosts_per_slice=1))
     c.sampling = ml_collections.ConfigDict(dict(
         group_size=4, max_tokens=16, max_prompt_length=32, temperature=1.0, top_p=1.0, top_k=0))
     c.trainer = ml_collections.ConfigDict(dict(
@@ -159,6 +165,7 @@ def validate_config(c: ml_collections.ConfigDict, num_devices: int | None = None
             eng.kv_memory_gib if kv_per_device > 0 else tp,
             f"weights {per_device / 2**30:.2f} GiB + KV {kv_per_device:.2f} GiB per device must fit "
             f"mesh.hbm_gib_per_device={hbm}")
+    backend = validate_backend(c)
     t = c.trainer
     for key in ("num_steps", "batch_size"):
         if not isinstance(t[key], int) or t[key] < 1:
@@ -170,4 +177,31 @@ def validate_config(c: ml_collections.ConfigDict, num_devices: int | None = None
         "weight_gib_per_device": per_device / 2**30, "kv_gib_per_device": kv_per_device,
         "kv_tokens_per_instance": int(kv_gib * 2**30 // cfg.kv_bytes_per_token()),
         "responses_per_step": t.batch_size * s.group_size,
+        "backend": c.backend.kind, "ray_bundles": backend,
     }
+
+
+PLATFORM_RESOURCE = {"cpu": "CPU", "gpu": "GPU", "tpu": "TPU"}
+
+
+def validate_backend(c: ml_collections.ConfigDict) -> list[dict[str, float]]:
+    """Check config.backend; returns the Ray placement-group bundles (one per slice host; [] for
+    the in-process backend)."""
+    b = c.backend
+    if b.kind not in ("inprocess", "ray"):
+        raise ConfigError(f"config.backend.kind={b.kind!r} is invalid; allowed: inprocess, ray")
+    if b.kind == "inprocess":
+        return []
+    try:
+        ray_cfg = RayBackendConfig(address=b.ray_address, resource=b.resource, strategy=b.strategy,
+                                   step_timeout_s=b.step_timeout_s).validate()
+    except ConfigError as e:
+        raise ConfigError(f"config.backend.{e}".replace("ray ", "", 1)) from None
+    if b.resource != PLATFORM_RESOURCE[c.platform]:
+        raise ConfigError(f"config.backend.resource={b.resource!r} is invalid; allowed: "
+                          f"{PLATFORM_RESOURCE[c.platform]!r} on platform {c.platform!r}")
+    hosts = b.hosts_per_slice
+    if hosts != 1:
+        raise ConfigError(f"config.backend.hosts_per_slice={hosts!r} is invalid; allowed: 1 "
+                          "(a slice spanning hosts under jax.distributed is not supported yet)")
+    return [ray_cfg.bundle(c.mesh.tp) for _ in range(c.mesh.num_instances)]

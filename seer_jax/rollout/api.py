@@ -19,8 +19,10 @@ import ml_collections
 
 from seer_jax.errors import ConfigError
 from seer_jax.rollout.controller import ControllerConfig
+from seer_jax.rollout.driver import CLOCKS
 from seer_jax.rollout.policies import CATALOG, Hindsight, PolicyCatalog, default_policy_options
 from seer_jax.rollout.policies.base import options_for
+from seer_jax.rollout.ray_cluster import RayBackendConfig
 from seer_jax.rollout.types import SamplingParams
 
 
@@ -44,7 +46,18 @@ def default_config() -> ml_collections.ConfigDict:
     # Controller settings: every field of seer_jax.rollout.controller.ControllerConfig.
     c.controller = ml_collections.ConfigDict(dataclasses.asdict(ControllerConfig(chunk_size=64)))
     c.policy = default_policy_options()  # policy.<name>.<option>
-    c.clock = "emulated"  # "emulated" (virtual clock per instance) or "wall"
+    # "emulated" (virtual clock per instance), "wall" (instances stepped in turn) or
+    # "concurrent" (wall clock, every instance stepping at once)
+    c.clock = "emulated"
+    # where instances run: "inprocess" (mesh slices of this process) or "ray" (one Ray actor
+    # per slice; pip install 'seer-jax[ray]')
+    c.backend = "inprocess"
+    c.ray_address = ""  # "" = start a local cluster on 127.0.0.1; else join this cluster
+    c.ray_resource = "CPU"  # what each slice's placement-group bundle reserves: CPU, GPU or TPU
+    c.ray_step_timeout_s = 600.0  # an actor silent this long in a step is killed and lost
+    # fault injection (clock "concurrent"): kill instance K after N chunks ended (-1 = off)
+    c.fault_kill_instance = -1
+    c.fault_after_chunks = 0
     # emulated step durations: "measured" (wall time of each real step on this host) or
     # "roofline" (sim cost model of `cost_model` on `accelerator` x `chips_per_instance`)
     c.time_model = "measured"
@@ -80,6 +93,9 @@ def bench_config(mix: str) -> ml_collections.ConfigDict:
     return c
 
 
+BACKENDS = ("inprocess", "ray")
+
+
 def validate_config(c: ml_collections.ConfigDict, catalog: PolicyCatalog = CATALOG) -> list[str]:
     """Check a rollout config; returns the list of policies to run. `catalog`: the policies it
     may name (the production ones unless given another)."""
@@ -95,8 +111,28 @@ def validate_config(c: ml_collections.ConfigDict, catalog: PolicyCatalog = CATAL
         raise ConfigError(f"config.controller.{e}") from None
     if c.temperature < 0:
         bad("temperature", c.temperature, "must be >= 0")
-    if c.clock not in ("emulated", "wall"):
-        bad("clock", c.clock, "allowed: emulated, wall")
+    if c.clock not in CLOCKS:
+        bad("clock", c.clock, f"allowed: {', '.join(CLOCKS)}")
+    if c.backend not in BACKENDS:
+        bad("backend", c.backend, f"allowed: {', '.join(BACKENDS)}")
+    if c.backend == "ray":
+        if c.speculation:
+            bad("speculation", c.speculation, "allowed: False with backend='ray'")
+        if c.time_model != "measured":
+            bad("time_model", c.time_model, "allowed: measured with backend='ray'")
+        try:
+            RayBackendConfig(address=c.ray_address, resource=c.ray_resource,
+                             step_timeout_s=c.ray_step_timeout_s).validate()
+        except ConfigError as e:
+            raise ConfigError(f"config.{e}".replace("ray ", "ray_", 1)) from None
+    if c.fault_kill_instance != -1:
+        if not isinstance(c.fault_kill_instance, int) or not 0 <= c.fault_kill_instance < c.num_instances:
+            bad("fault_kill_instance", c.fault_kill_instance,
+                f"allowed: -1 (off) or 0..{c.num_instances - 1}")
+        if c.clock != "concurrent":
+            bad("clock", c.clock, "allowed: concurrent when fault_kill_instance is set")
+    if not isinstance(c.fault_after_chunks, int) or c.fault_after_chunks < 0:
+        bad("fault_after_chunks", c.fault_after_chunks, "allowed: an integer >= 0")
     if c.time_model not in ("measured", "roofline"):
         bad("time_model", c.time_model, "allowed: measured, roofline")
     policies = [p.strip() for p in c.policies.split(",") if p.strip()]
@@ -148,7 +184,8 @@ def run_rollout(c: ml_collections.ConfigDict,
     """Run every policy of `c.policies` on the same prompts and seeds. A policy that needs true
     lengths (an analysis oracle, from `catalog`) gets those of the first run."""
     policies = validate_config(c, catalog)
-    ensure_cpu_devices(c.num_instances * c.tp)
+    if c.backend == "inprocess":
+        ensure_cpu_devices(c.num_instances * c.tp)
     from seer_jax.engine.engine import EngineConfig
     from seer_jax.model import load
     from seer_jax.rollout.engine_instance import make_engine_instances
@@ -171,11 +208,31 @@ def run_rollout(c: ml_collections.ConfigDict,
     step_logs = {}
     kv_capacity = 0
     hindsight = Hindsight()
+    fault = None
+    if c.fault_kill_instance >= 0:
+        from seer_jax.rollout.concurrent_driver import FaultPlan
+
+        fault = FaultPlan(c.fault_kill_instance, c.fault_after_chunks)
+    ray_group = None
     for policy in policies:
         if outputs and hindsight.true_lengths is None:
             first = next(iter(outputs.values()))
             hindsight = Hindsight(true_lengths={r.request_id: len(r.token_ids) for r in first.results})
         pol = catalog.make(policy, hindsight)
+        if c.backend == "ray":
+            ray_group = _ray_group(c, cfg, engine_cfg, eos, ray_group)
+            out = rollout(
+                prompts, group_size=c.group_size, max_tokens=c.max_tokens,
+                instances=ray_group.instances, sampling=sampling, policy=pol, pool=ray_group.pool,
+                clock=c.clock, config=c.controller.to_dict(),
+                policy_options=options_for(pol, c.policy.to_dict()),
+                progress=progress(policy) if progress else None, detokenize=tok.decode,
+                fault=dataclasses.replace(fault) if fault else None)
+            outputs[policy] = out
+            step_logs[policy] = ray_group.step_logs()
+            load = ray_group.instances[0].load()
+            kv_capacity = load.total_kv_pages * load.page_size
+            continue
         pool = HostKVPool()
         speculators = None
         if c.speculation:
@@ -194,7 +251,8 @@ def run_rollout(c: ml_collections.ConfigDict,
             prompts, group_size=c.group_size, max_tokens=c.max_tokens, instances=instances,
             sampling=sampling, policy=pol, pool=pool, clock=c.clock,
             config=c.controller.to_dict(), policy_options=options_for(pol, c.policy.to_dict()),
-            progress=progress(policy) if progress else None, detokenize=tok.decode)
+            progress=progress(policy) if progress else None, detokenize=tok.decode,
+            fault=dataclasses.replace(fault) if fault else None)
         step_logs[policy] = [row for inst in instances for row in inst.step_log]
         load = instances[0].load()
         kv_capacity = load.total_kv_pages * load.page_size
@@ -202,6 +260,8 @@ def run_rollout(c: ml_collections.ConfigDict,
         # otherwise two sets are alive at once and the peak memory doubles
         del instances, pool, speculators
         gc.collect()
+    if ray_group is not None:
+        ray_group.shutdown()
     reports = {p: o.report for p, o in outputs.items()}
     baseline = c.baseline if c.baseline in reports else policies[0]
     summary = {"policies": compare_summary(reports, baseline), "baseline": baseline,
@@ -209,6 +269,24 @@ def run_rollout(c: ml_collections.ConfigDict,
     if c.trace_out:
         write_trace(c.trace_out, next(iter(outputs.values())).results)
     return RolloutRun(prompts, outputs, summary, step_logs, kv_capacity)
+
+
+def _ray_group(c, cfg, engine_cfg, eos, group):
+    """Ray actors for the next policy's rollout: the previous ones reset (fresh engines and KV
+    pool), or new ones when there were none or one was lost."""
+    from seer_jax.rollout.ray_instance import make_ray_instances
+
+    if group is not None and not group.lost:
+        group.reset()
+        return group
+    if group is not None:
+        group.shutdown()
+    backend = RayBackendConfig(address=c.ray_address, resource=c.ray_resource,
+                               step_timeout_s=c.ray_step_timeout_s)
+    # each actor loads the weights itself from the model name/path (no copy in the object store)
+    return make_ray_instances(cfg, c.model, num_instances=c.num_instances, tp=c.tp,
+                              engine_config=engine_cfg, backend=backend, dtype=c.dtype,
+                              eos_ids=eos, record_steps=True)
 
 
 def write_trace(path: str | pathlib.Path, results) -> None:

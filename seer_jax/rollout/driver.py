@@ -11,6 +11,8 @@ The controller never reads a clock; a driver owns time:
   This is how one 2-core machine reports what N accelerators would do.
 - `WallClockDriver`: real time from an injected `clock` (default `time.perf_counter`); steps the
   instances with work in turn and delivers their chunks at the current time.
+- `ConcurrentDriver` (`rollout.concurrent_driver`): real time, every instance stepping at once
+  (Ray actors, or threads for in-process slices), results delivered in rounds.
 
 Both record per-instance busy time (sum of step durations), step counts and the last time each
 instance was busy, for the report. Times given to the controller are seconds since `run()` began.
@@ -172,6 +174,9 @@ class WallClockDriver(_DriverBase):
         self.end_time = self.clock() - origin
 
 
+CLOCKS = ("emulated", "wall", "concurrent")  # "concurrent": `rollout.concurrent_driver`
+
+
 def make_driver(
     clock: str, controller: Controller, wall_clock: Callable[[], float] | None = None
 ) -> EmulatedClusterDriver | WallClockDriver:
@@ -179,4 +184,4 @@ def make_driver(
         return EmulatedClusterDriver(controller)
     if clock == "wall":
         return WallClockDriver(controller, wall_clock)
-    raise ConfigError(f"clock={clock!r} is unknown; allowed: ['emulated', 'wall']")
+    raise ConfigError(f"clock={clock!r} is unknown; allowed: {list(CLOCKS)}")

@@ -119,6 +119,10 @@ class RolloutReport:
     lost_instances: list[int]
     # seer's fitted length model at the end of the rollout (mu, tau, sigma, eps, icc), or None
     length_model: dict[str, float] | None = None
+    # chunks put back in the buffer because their instance was lost
+    redispatched_chunks: int = 0
+    # KV pool transfer rate (bytes moved / transfer time, GB/s) where the pool measures it
+    kv_pool_transfer_gbps: float | None = None
 
     @property
     def spec_acceptance(self) -> float | None:
@@ -149,6 +153,9 @@ class RolloutReport:
             "length_icc": self.length_icc,
             "top10_token_share": self.top10_token_share,
             "length_model_icc": None if self.length_model is None else self.length_model["icc"],
+            "lost_instances": len(self.lost_instances),
+            "redispatched_chunks": self.redispatched_chunks,
+            "kv_pool_transfer_gbps": self.kv_pool_transfer_gbps,
         }
 
     def to_json(self) -> dict[str, Any]:
@@ -181,11 +188,12 @@ def build_report(results, controller, driver, pool=None) -> RolloutReport:
                 lost_at=tl.lost_at,
             )
         )
-    pool_moved = pool_evictions = None
+    pool_moved = pool_evictions = pool_gbps = None
     if pool is not None and hasattr(pool, "stats"):
         ps = pool.stats()
         pool_moved = int(ps.bytes_moved)
         pool_evictions = int(ps.evictions)
+        pool_gbps = getattr(ps, "transfer_gbps", None)
     st = controller.stats
     pct = lambda q: float(np.percentile(lat, q)) if len(lat) else 0.0
     return RolloutReport(
@@ -218,6 +226,8 @@ def build_report(results, controller, driver, pool=None) -> RolloutReport:
         max_output_len=int(lengths.max()) if len(lengths) else 0,
         truncated_fraction=float(np.mean([r.finish_reason == "length" for r in results])),
         lost_instances=list(st.lost_instances),
+        redispatched_chunks=st.redispatched_chunks,
+        kv_pool_transfer_gbps=pool_gbps,
         length_model=(None if getattr(controller.policy, "length_params", None) is None
                       else controller.policy.length_params.to_json()),
     )
@@ -284,7 +294,9 @@ def report_table(report: RolloutReport):
         ("migrations", f"{report.migrations}"),
         ("chunks", f"{report.chunks}"),
         ("re-prefilled tokens", f"{report.reprefill_tokens}"),
-        ("KV pool bytes moved", _fmt_bytes(report.kv_pool_bytes_moved)),
+        ("KV pool bytes moved", _fmt_bytes(report.kv_pool_bytes_moved)
+         + ("" if report.kv_pool_transfer_gbps is None
+            else f" at {report.kv_pool_transfer_gbps:.2f} GB/s")),
         ("spec acceptance", "off" if report.spec_acceptance is None else f"{report.spec_acceptance:.3f}"),
         ("length ICC (log)", "-" if report.length_icc is None else f"{report.length_icc:.3f}"),
         ("tokens in longest 10%", f"{report.top10_token_share:.1%}"),
@@ -293,6 +305,7 @@ def report_table(report: RolloutReport):
     ]
     if report.lost_instances:
         rows.append(("lost instances", str(report.lost_instances)))
+        rows.append(("re-dispatched chunks", str(report.redispatched_chunks)))
     for k, v in rows:
         t.add_row(k, v)
     return t

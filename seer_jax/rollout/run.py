@@ -6,6 +6,8 @@ import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from seer_jax.errors import ConfigError
+from seer_jax.rollout.concurrent_driver import ConcurrentDriver
 from seer_jax.rollout.controller import Controller, ControllerConfig, ProgressFn, ResponseResult
 from seer_jax.rollout.driver import make_driver
 from seer_jax.rollout.instance import Instance, KVPool
@@ -36,6 +38,7 @@ def rollout(
     progress: ProgressFn | None = None,
     detokenize: Callable[[list[int]], str] | None = None,
     policy_options: Mapping[str, Any] | None = None,
+    fault: Any = None,
 ) -> RolloutOutput:
     """Run one synchronous rollout: every group's prompt sampled `group_size` times.
 
@@ -43,7 +46,8 @@ def rollout(
     (they must share `pool` for KV moves between chunks). policy: a name in `POLICIES` or a
     built `Policy`; policy_options: its own options (e.g. seer's estimator and quantile).
     clock: "emulated" (`EmulatedClusterDriver`, per-instance virtual clocks) or "wall"
-    (`WallClockDriver`, `wall_clock` defaults to time.perf_counter).
+    (`WallClockDriver`, `wall_clock` defaults to time.perf_counter) or "concurrent"
+    (`ConcurrentDriver`: every instance steps at once; `fault`: a `FaultPlan` to inject).
     Returns every response (group order, then sample order) and the rollout report.
     """
     ctl = Controller(
@@ -59,7 +63,12 @@ def rollout(
         progress=progress,
         policy_options=policy_options,
     )
-    driver = make_driver(clock, ctl, wall_clock=wall_clock)
+    if clock == "concurrent":
+        driver = ConcurrentDriver(ctl, wall_clock, fault)
+    elif fault is not None:
+        raise ConfigError(f"clock={clock!r} with fault injection is invalid; allowed: 'concurrent'")
+    else:
+        driver = make_driver(clock, ctl, wall_clock=wall_clock)
     driver.run()
     results = ctl.results(detokenize)
     report = build_report(results, ctl, driver, pool=pool)

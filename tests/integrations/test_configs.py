@@ -80,3 +80,23 @@ def test_device_count_checked_when_given():
     c.model.num_kv_heads = 3
     with pytest.raises(ConfigError, match=r"config\.model: .*num_kv_heads=3"):
         validate_config(c)
+
+
+def test_pod_and_gpu_configs_run_on_ray_one_bundle_per_slice_host():
+    v5p = validate_config(load_config_file(CONFIG_DIR / "tpu_v5p64_qwen25_7b.py"))
+    assert v5p["backend"] == "ray" and v5p["ray_bundles"] == [{"TPU": 4.0}] * 8
+    h200 = validate_config(load_config_file(CONFIG_DIR / "gpu_8xh200.py"))
+    assert h200["backend"] == "ray" and h200["ray_bundles"] == [{"GPU": 2.0}] * 4
+    assert validate_config(default_config())["ray_bundles"] == []
+
+
+@pytest.mark.parametrize("override, key", [
+    (["--config.backend.kind=mpi"], r"config\.backend\.kind='mpi' is invalid; allowed: inprocess, ray"),
+    (["--config.backend.resource=GPU"], r"config\.backend\.resource='GPU' is invalid; allowed: 'TPU' on platform 'tpu'"),
+    (["--config.backend.strategy=RANDOM"], r"config\.backend\.strategy='RANDOM' is invalid; allowed: \['PACK'"),
+    (["--config.backend.hosts_per_slice=2"], r"config\.backend\.hosts_per_slice=2 is invalid; allowed: 1"),
+])
+def test_bad_backend_values_name_key_value_and_allowed(override, key):
+    c = load_config_file(CONFIG_DIR / "tpu_v5p64_qwen25_7b.py", override)
+    with pytest.raises(ConfigError, match=key):
+        validate_config(c)

@@ -1,0 +1,151 @@
+"""Wall-clock driver that keeps every instance busy at once, and fault injection.
+
+`ConcurrentDriver` runs in rounds: every live instance with work starts a step at the same time
+(Ray actors: the step call is sent to each actor; other instances, e.g. in-process engines on
+their own mesh slices: one thread each, JAX releasing the GIL while it executes); the driver waits
+for all of them, then hands the ended chunks to the controller in instance order, marks lost
+instances, and dispatches once. The controller stays on this thread and sees the same sequence
+of events whatever the steps' timing, so what it decides (placement, chunk sizes, order) is
+deterministic; only the reported times come from the wall clock.
+
+A round lasts as long as its slowest step. Instances whose steps take very different times would
+do better with a driver that delivers each instance's results as they arrive (at the cost of
+decisions that depend on timing); that is not built.
+
+Faults: an instance whose step raises `InstanceLostError` (a Ray actor that died, raised, or hung
+past its timeout) is marked lost and its chunks go back to the controller's buffer. `FaultPlan`
+injects one: after `after_chunks` chunks have ended anywhere, instance `instance` is killed (a Ray
+actor's process is killed, and the driver confirms it is gone; an in-process instance is marked
+lost). Controller restart is not covered: the controller holds the rollout's state in memory.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from seer_jax.errors import ConfigError
+from seer_jax.rollout.driver import _DriverBase
+from seer_jax.rollout.instance import InstanceLostError
+from seer_jax.rollout.types import StepReport
+
+if TYPE_CHECKING:
+    from seer_jax.rollout.controller import Controller
+
+
+@dataclasses.dataclass
+class FaultPlan:
+    """Kill instance `instance` once `after_chunks` chunks have ended (anywhere)."""
+
+    instance: int
+    after_chunks: int
+    fired_at: float | None = None  # driver time of the kill
+    detect_s: float | None = None  # kill until the driver saw the instance gone
+
+    def validate(self, num_instances: int) -> FaultPlan:
+        if not 0 <= self.instance < num_instances:
+            raise ConfigError(f"fault_kill_instance={self.instance} is invalid; allowed: "
+                              f"-1 (off) or 0..{num_instances - 1}")
+        if self.after_chunks < 0:
+            raise ConfigError(f"fault_after_chunks={self.after_chunks} is invalid; allowed: >= 0")
+        return self
+
+
+class ConcurrentDriver(_DriverBase):
+    """Real time; every instance with work steps at once; see the module docstring."""
+
+    def __init__(self, controller: Controller, clock: Callable[[], float] | None = None,
+                 fault: FaultPlan | None = None):
+        super().__init__(controller)
+        self.clock = clock or time.perf_counter
+        self.fault = fault.validate(len(controller.instances)) if fault else None
+        self.rounds = 0
+        self.lost_reasons: dict[int, str] = {}  # instance -> why it was marked lost
+
+    def run(self) -> None:
+        ctl = self.ctl
+        insts = ctl.instances
+        origin = self.clock()
+        ctl.instance_clock_origin = None
+        self.alive = [True] * len(insts)
+        threads = concurrent.futures.ThreadPoolExecutor(max_workers=len(insts),
+                                                        thread_name_prefix="seer-step")
+        try:
+            ctl.start(0.0)
+            ctl.dispatch(0.0)
+            self._maybe_fault(0.0)
+            while not ctl.done:
+                busy = [i for i, inst in enumerate(insts) if self.alive[i] and inst.has_work()]
+                if not busy:
+                    if ctl.dispatch(self.clock() - origin) == 0:
+                        raise self._stalled()
+                    continue
+                started = {i: self._start(insts[i], threads) for i in busy}
+                reports: dict[int, StepReport] = {}
+                lost: list[int] = []
+                for i in busy:
+                    try:
+                        reports[i] = self._finish(insts[i], started[i])
+                    except InstanceLostError as e:
+                        self.lost_reasons.setdefault(i, str(e))
+                        lost.append(i)
+                now = self.clock() - origin
+                self.rounds += 1
+                for i, rep in reports.items():
+                    tl = self.timelines[i]
+                    tl.busy_s += rep.duration_s
+                    tl.steps += 1
+                    tl.tokens += rep.num_tokens
+                    tl.last_busy_at = now
+                    for res in rep.finished:
+                        ctl.on_chunk_result(res, now)
+                for i in lost:
+                    self._lose(i, now)
+                self._maybe_fault(now)
+                ctl.dispatch(now)
+        finally:
+            threads.shutdown(wait=True)
+        self.end_time = self.clock() - origin
+
+    def _start(self, inst: Any, threads: concurrent.futures.ThreadPoolExecutor) -> Any:
+        if hasattr(inst, "start_step"):
+            try:
+                return inst.start_step()
+            except InstanceLostError as e:
+                return e
+        return threads.submit(inst.step)
+
+    @staticmethod
+    def _finish(inst: Any, started: Any) -> StepReport:
+        if isinstance(started, InstanceLostError):
+            raise started
+        if isinstance(started, concurrent.futures.Future):
+            return started.result()
+        return inst.finish_step(started)
+
+    def _lose(self, i: int, now: float) -> None:
+        if not self.alive[i]:
+            return
+        self.alive[i] = False
+        self.timelines[i].lost_at = now
+        self.ctl.on_instance_lost(i, now)
+
+    def _maybe_fault(self, now: float) -> None:
+        f = self.fault
+        if f is None or f.fired_at is not None or self.ctl.stats.chunks < f.after_chunks:
+            return
+        f.fired_at = now
+        self.lost_reasons[f.instance] = f"killed by the fault plan after {f.after_chunks} chunks"
+        inst = self.ctl.instances[f.instance]
+        t0 = time.perf_counter()
+        if hasattr(inst, "kill"):
+            inst.kill()
+            try:  # the process is gone: confirm it the way a real failure is found
+                inst.check_alive()
+            except InstanceLostError:
+                pass
+        f.detect_s = time.perf_counter() - t0
+        self._lose(f.instance, now)

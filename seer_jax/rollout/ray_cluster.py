@@ -1,0 +1,123 @@
+"""Ray cluster settings for the distributed backend: joining or starting a cluster, placement.
+
+`RayBackendConfig` holds what the Ray backend needs beyond the engine: the cluster address
+(empty: start a local cluster on loopback), the resource each instance's bundle reserves (`CPU`
+on a dev box, `GPU` or `TPU` on accelerators), the placement strategy of the bundles (one bundle
+per host: `STRICT_SPREAD` on a pod puts every slice on its own host; `PACK`/`SPREAD` work on
+one machine), the step timeout after which a silent actor counts as lost, and the object-store
+size of a local cluster.
+
+Ray is an optional dependency (`pip install seer-jax[ray]`): this module imports it lazily and
+`require_ray()` turns its absence into a ConfigError that says how to install it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import pathlib
+import sys
+from typing import Any
+
+from seer_jax.errors import ConfigError
+
+RESOURCES = ("CPU", "GPU", "TPU")
+STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
+# a quiet loopback cluster (see docs/deployment.md): no dashboard, no usage stats, no auth token
+LOOPBACK_ENV = {
+    "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
+    "RAY_AUTH_MODE": "disabled",
+    "RAY_USAGE_STATS_ENABLED": "0",
+}
+
+
+@dataclasses.dataclass
+class RayBackendConfig:
+    """address: "" = start a local cluster on 127.0.0.1; otherwise a cluster address
+    ("auto", "ray://host:10001", "host:6379").
+    resource: what one instance's bundle reserves: "CPU" (dev box; the actor gets `tp` fake
+    CPU devices), "GPU" or "TPU" (`tp` of them, the slice's chips on its host).
+    strategy: placement-group strategy of the bundles (one bundle per instance/host).
+    step_timeout_s: an actor whose step has not returned after this long is killed and lost.
+    object_store_mb: object-store size of a local cluster (KV pool blobs and weights live there).
+    num_cpus: logical CPUs of a local cluster (0 = max(os.cpu_count(), instances)).
+    env: extra environment variables of every engine actor (e.g. a JAX compilation cache dir).
+    """
+
+    address: str = ""
+    resource: str = "CPU"
+    strategy: str = "SPREAD"
+    step_timeout_s: float = 600.0
+    object_store_mb: int = 400
+    num_cpus: int = 0
+    env: dict[str, str] = dataclasses.field(default_factory=dict)  # extra actor env vars
+
+    def validate(self) -> RayBackendConfig:
+        if self.resource not in RESOURCES:
+            raise ConfigError(f"ray resource={self.resource!r} is invalid; allowed: {list(RESOURCES)}")
+        if self.strategy not in STRATEGIES:
+            raise ConfigError(f"ray strategy={self.strategy!r} is invalid; allowed: {list(STRATEGIES)}")
+        if not self.step_timeout_s > 0:
+            raise ConfigError(f"ray step_timeout_s={self.step_timeout_s!r} is invalid; allowed: > 0")
+        if not isinstance(self.object_store_mb, int) or self.object_store_mb < 80:
+            raise ConfigError(
+                f"ray object_store_mb={self.object_store_mb!r} is invalid; allowed: an integer >= 80")
+        if not isinstance(self.num_cpus, int) or self.num_cpus < 0:
+            raise ConfigError(f"ray num_cpus={self.num_cpus!r} is invalid; allowed: an integer >= 0")
+        return self
+
+    def bundle(self, tp: int) -> dict[str, float]:
+        """The resources of one instance's bundle (one host's share of the slice)."""
+        return {"CPU": 1.0} if self.resource == "CPU" else {self.resource: float(tp)}
+
+    def actor_env(self, tp: int) -> dict[str, str]:
+        """Environment of an engine actor, set before it imports jax."""
+        env = {}
+        jax = sys.modules.get("jax")
+        precision = jax.config.jax_default_matmul_precision if jax is not None else None
+        if precision:  # actors compute at the driver's matmul precision
+            env["JAX_DEFAULT_MATMUL_PRECISION"] = str(precision)
+        if self.resource == "CPU":
+            env["JAX_PLATFORMS"] = "cpu"
+            flags = os.environ.get("XLA_FLAGS", "")
+            flags = " ".join(f for f in flags.split() if "xla_force_host_platform_device_count" not in f)
+            env["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={tp}".strip()
+        env.update(self.env)
+        if not self.address:
+            # a local cluster runs this checkout's code, even when it is not the installed one
+            root = str(pathlib.Path(__file__).resolve().parents[2])
+            env["PYTHONPATH"] = os.pathsep.join(
+                p for p in (root, os.environ.get("PYTHONPATH", "")) if p)
+        return env
+
+
+def require_ray() -> Any:
+    """The `ray` module, or a ConfigError saying how to get it."""
+    try:
+        import ray
+    except ImportError:
+        raise ConfigError(
+            "backend='ray' needs Ray, which is not installed; allowed: install the extra "
+            "(pip install 'seer-jax[ray]') or use backend='inprocess'") from None
+    return ray
+
+
+def ensure_ray(config: RayBackendConfig, min_cpus: int = 1) -> Any:
+    """Connect to `config.address`, or start a local loopback cluster; reuses a live connection."""
+    ray = require_ray()
+    if ray.is_initialized():
+        return ray
+    if config.address:
+        ray.init(address=config.address, include_dashboard=False, log_to_driver=False)
+        return ray
+    for k, v in LOOPBACK_ENV.items():
+        os.environ.setdefault(k, v)
+    ray.init(
+        num_cpus=config.num_cpus or max(os.cpu_count() or 1, min_cpus),
+        object_store_memory=config.object_store_mb * 1024 * 1024,
+        include_dashboard=False,
+        _node_ip_address="127.0.0.1",
+        log_to_driver=False,
+        configure_logging=False,
+    )
+    return ray
