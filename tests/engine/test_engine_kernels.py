@@ -168,3 +168,29 @@ def _decode_batch(layout, vocab):
         "dec_cu": np.arange(n + 1, dtype=np.int32), "dec_num": np.int32(n),
     }
     return {k: jnp.asarray(v) for k, v in b.items()}
+
+
+@pytest.mark.parametrize("impl,platform", [("tpu", "tpu"), ("gpu", "cuda")])
+def test_kernel_step_lowers_without_slicing_a_layer(impl, platform):
+    """The whole engine step lowered for the device: the kernels get the full [L, ...] cache; no
+    [Hkv, P, S, D] tensor (a layer of the pool) appears anywhere in the module."""
+    from jax import export
+
+    from seer_jax.engine.attention_backend import AttentionPlan
+
+    cfg = tiny_config(eos_token_ids=(), head_dim=64, num_layers=3)
+    eng = Engine(cfg, init_params(cfg, seed=0),
+                 EngineConfig(num_pages=512, page_size=16, max_num_seqs=4, impl="cpu"))
+    runner = eng.runner
+    plan = AttentionPlan(impl=impl, interpret=False, mesh=None, tp=1, kv_repeat=1)
+    layout = Layout(n_dec=4, q_dec=1, n_pre=0, t_pre=0, pps=4)
+    batch = _decode_batch(layout, cfg.vocab_size)
+    exp = export.export(_sample_step, platforms=[platform], disabled_checks=[
+        export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")])(
+        runner.params, runner.k_all, runner.v_all, batch, cfg=cfg, layout=layout, plan=plan,
+        num_top=0)
+    text = exp.mlir_module()
+    full = "x".join(map(str, runner.k_all.shape))
+    layer = "x".join(map(str, runner.k_all.shape[1:]))
+    assert f"tensor<{full}xf32>" in text and "custom_call" in text
+    assert f"tensor<{layer}xf32>" not in text

@@ -9,13 +9,19 @@ deployment configs ship, at tp 1/2/4/8.
 from __future__ import annotations
 
 import itertools
+import pathlib
 
 import jax
 import jax.numpy as jnp
 import pytest
 from jax import export
 
+from seer_jax.config_files import load_config_file
+from seer_jax.engine.attention_backend import AttentionPlan, check_kernel_shapes
+from seer_jax.integrations.deploy_config import engine_config, model_config
 from seer_jax.pallas import ragged_paged_attention, write_kv
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 PLATFORMS = {"tpu": "tpu", "gpu": "cuda"}
 # Triton kernels are not on jax's list of custom calls with a stability guarantee.
@@ -153,3 +159,44 @@ def test_attention_lowers_exhaustive(impl):
     for (_, hq, hkv, d), dtype, ps, kind in itertools.product(
             LAYOUTS, (jnp.bfloat16, jnp.float32), (16, 32, 64), tuple(BATCHES)):
         lower_attention(impl, hq, hkv, d, dtype, ps, kind)
+
+
+DEPLOY_CONFIGS = sorted(p for p in (ROOT / "configs").glob("*.py")
+                        if "c.platform" in p.read_text())
+
+
+@pytest.mark.parametrize("path", DEPLOY_CONFIGS, ids=lambda p: p.stem)
+def test_deployment_configs_lower_at_their_shapes(path):
+    """Each shipped deployment config: the engine accepts its kernel impl at build time, and both
+    kernels lower for its platform at its per-shard heads, page size, dtype, page-table width
+    and full per-device pool (the GPU pool exceeds 4 GiB: 64-bit offsets)."""
+    c = load_config_file(path)
+    cfg, eng = model_config(c), engine_config(c)
+    impl = "tpu" if c.platform == "tpu" else "gpu"
+    tp = c.mesh.tp
+    hq, hkv = cfg.num_heads // tp, max(1, cfg.num_kv_heads // tp)
+    dtype = jnp.dtype(cfg.dtype)
+    pps = -(-(eng.max_model_len or cfg.max_position_embeddings) // eng.page_size)
+    plan = AttentionPlan(impl=impl, interpret=False, mesh=None, tp=tp,
+                         kv_repeat=max(1, tp // cfg.num_kv_heads))
+    check_kernel_shapes(plan, cfg, page_size=eng.page_size, dtype_bytes=dtype.itemsize,
+                        max_seqs=eng.max_num_seqs, pages_per_seq=pps,
+                        max_tokens=eng.max_num_batched_tokens)
+    pages = int(eng.kv_pages(cfg.kv_bytes_per_token()) // tp)
+    pool = S((cfg.num_layers, hkv, pages, eng.page_size, cfg.head_dim), dtype)
+    n = eng.max_num_seqs
+    meta = [S((n,), jnp.int32), S((n, pps), jnp.int32), S((n + 1,), jnp.int32), S((), jnp.int32)]
+
+    def attend(q, k, v, a, b, cu, num, layer):
+        return ragged_paged_attention(q, k, v, a, b, cu, num, impl=impl, layer=layer)
+
+    def write(k, v, nk, nv, slots, layer):
+        return write_kv(k, v, nk, nv, slots, impl=impl, layer=layer)
+
+    plat = [PLATFORMS[impl]]
+    export.export(jax.jit(attend), platforms=plat, disabled_checks=DISABLED)(
+        S((n, hq, cfg.head_dim), dtype), pool, pool, *meta, S((), jnp.int32))
+    t = 512
+    export.export(jax.jit(write, donate_argnums=(0, 1)), platforms=plat, disabled_checks=DISABLED)(
+        pool, pool, S((t, hkv, cfg.head_dim), dtype), S((t, hkv, cfg.head_dim), dtype),
+        S((t,), jnp.int32), S((), jnp.int32))
