@@ -81,6 +81,10 @@ class Ctx:
         self.interpret = self.backend == "cpu"
         self.iters = 2 if dry else 10
         self.peak = HBM_PEAK_GBPS.get("gpu" if self.impl == "gpu" else "tpu", 0.0)
+        self.deadline = float("inf")  # set by main from --budget-s
+
+    def out_of_time(self) -> bool:
+        return time.perf_counter() > self.deadline
 
 
 # ------------------------------------------------------------------------------ correctness
@@ -155,7 +159,7 @@ def section_decode(ctx: Ctx) -> dict:
     rows = []
     for c in contexts:
         for b in batches:
-            if b * c * kv_token_bytes > MAX_POOL_BYTES:
+            if b * c * kv_token_bytes > MAX_POOL_BYTES or ctx.out_of_time():
                 continue
             pps = c // ps
             pages = jnp.arange(b * pps, dtype=jnp.int32).reshape(b, pps)
@@ -280,7 +284,7 @@ def section_engine(ctx: Ctx) -> dict:
     from seer_jax.model.config import ModelConfig
 
     models = [("smollm2_135m", SMOLLM2, (1, 32, 128)), ("llama3_8b", LLAMA3_8B, (1, 32, 128))]
-    prompt_len, new_tokens = 128, 32
+    prompt_len, new_tokens = 64, 32
     if ctx.dry:
         models, prompt_len, new_tokens = [("tiny", TINY, (2,))], 12, 3
     out = {}
@@ -290,6 +294,9 @@ def section_engine(ctx: Ctx) -> dict:
         rows = []
         for b in batches:
             for impl in (ctx.impl, "reference"):
+                if ctx.out_of_time():
+                    rows.append(dict(impl=impl, batch=b, skipped="time budget"))
+                    continue
                 rows.append(_engine_run(cfg, params, impl, b, prompt_len, new_tokens))
         entry = {"rows": rows}
         if name == "llama3_8b":
@@ -299,7 +306,7 @@ def section_engine(ctx: Ctx) -> dict:
             kv_bytes = b * (prompt_len + new_tokens) * cfg.kv_bytes_per_token()
             floor_ms = (weight_bytes + kv_bytes) / (ctx.peak * 1e9) * 1e3 if ctx.peak else None
             kern = [r for r in rows if r["batch"] == b and r["impl"] == ctx.impl]
-            step = kern[0]["decode_step_ms"] if kern else None
+            step = kern[0].get("decode_step_ms") if kern else None
             entry["roofline"] = dict(batch=b, weight_gb=weight_bytes / 1e9, kv_gb=kv_bytes / 1e9,
                                      read_once_ms=floor_ms, decode_step_ms=step,
                                      ratio=(step / floor_ms) if step and floor_ms else None,
@@ -340,6 +347,8 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default="device_check.json")
     ap.add_argument("--dry-run", action="store_true",
                     help="tiny shapes, kernels in interpret mode on CPU (CI)")
+    ap.add_argument("--budget-s", type=float, default=420.0,
+                    help="stop starting new measurements after this many seconds")
     ap.add_argument("--sections", default=",".join(SECTIONS),
                     help=f"comma-separated subset of {','.join(SECTIONS)}")
     args = ap.parse_args(argv)
@@ -353,6 +362,7 @@ def main(argv=None) -> int:
                     "devices": [d.device_kind for d in jax.devices()], "impl": ctx.impl,
                     "interpret": ctx.interpret, "dry_run": args.dry_run}
     t_all = time.perf_counter()
+    ctx.deadline = t_all + args.budget_s
     errors = {}
     for name in args.sections.split(","):
         t0 = time.perf_counter()
@@ -383,7 +393,8 @@ def _summary(r: dict, errors: dict, seconds: float) -> dict:
     for name, entry in eng.items():
         if isinstance(entry, dict) and "rows" in entry:
             for row in entry["rows"]:
-                s[f"engine_{name}_b{row['batch']}_{row['impl']}_tok_s"] = row["tokens_per_s"]
+                if "tokens_per_s" in row:
+                    s[f"engine_{name}_b{row['batch']}_{row['impl']}_tok_s"] = row["tokens_per_s"]
             if entry.get("roofline"):
                 s[f"engine_{name}_decode_step_over_read_once"] = entry["roofline"]["ratio"]
     if "accept_ms" in r.get("acceptance", {}):
@@ -391,7 +402,7 @@ def _summary(r: dict, errors: dict, seconds: float) -> dict:
         s["acceptance_ms"] = acc
         # Share of a verify step at the same batch: a verify step costs at least a decode step.
         rows = [x for x in eng.get("smollm2_135m", eng.get("tiny", {})).get("rows", [])
-                if x["impl"] == r["impl"] and x["decode_step_ms"]]
+                if x["impl"] == r["impl"] and x.get("decode_step_ms")]
         if rows:
             step = max(rows, key=lambda x: x["batch"])["decode_step_ms"]
             s["acceptance_share_of_verify_step_upper_bound"] = acc / (acc + step)
