@@ -22,8 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
-import subprocess
 import sys
 import time
 import traceback
@@ -32,30 +30,6 @@ import numpy as np
 
 HBM_PEAK_GBPS = {"gpu": 4800.0, "tpu": 2765.0, "cpu": 0.0}  # H200; v5p
 MAX_POOL_BYTES = 40e9
-
-
-def _versions() -> dict:
-    import jax
-    import jaxlib
-
-    out = {"python": platform.python_version(), "jax": jax.__version__,
-           "jaxlib": jaxlib.__version__, "numpy": np.__version__}
-    try:
-        import triton
-
-        out["triton"] = triton.__version__
-    except ImportError:
-        pass
-    return out
-
-
-def _commit() -> str:
-    here = os.path.dirname(os.path.abspath(__file__))
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True,
-                              text=True, timeout=10).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return ""
 
 
 def _timeit(fn, *args, iters: int = 10) -> float:
@@ -247,7 +221,7 @@ def random_params(cfg, seed: int = 0):
 
 def _engine_run(cfg, params, impl: str, batch: int, prompt_len: int, new_tokens: int) -> dict:
     from seer_jax.engine.engine import Engine, EngineConfig
-    from seer_jax.rollout.types import SamplingParams
+    from seer_jax.model.sampling import SamplingParams
 
     ps = 16
     pages = batch * (-(-(prompt_len + new_tokens) // ps) + 1) + 8
@@ -357,10 +331,12 @@ def main(argv=None) -> int:
     import jax
 
     ctx = Ctx(args.dry_run)
-    report: dict = {"command": " ".join([os.path.basename(sys.argv[0])] + (argv or sys.argv[1:])),
-                    "commit": _commit(), "versions": _versions(), "backend": ctx.backend,
-                    "devices": [d.device_kind for d in jax.devices()], "impl": ctx.impl,
-                    "interpret": ctx.interpret, "dry_run": args.dry_run}
+    from seer_jax.provenance import run_info
+
+    info = run_info(None if argv is None else [sys.argv[0], *argv])
+    report: dict = {**info, "versions": {"python": info["python"], **info["packages"]},
+                    "backend": ctx.backend, "devices": [d.device_kind for d in jax.devices()],
+                    "impl": ctx.impl, "interpret": ctx.interpret, "dry_run": args.dry_run}
     t_all = time.perf_counter()
     ctx.deadline = t_all + args.budget_s
     errors = {}

@@ -22,7 +22,7 @@ from seer_jax.engine.speculation import Speculator
 from seer_jax.errors import ConfigError
 from seer_jax.model.config import tiny_config
 from seer_jax.model.llama import init_params
-from seer_jax.rollout.types import SamplingParams
+from seer_jax.model.sampling import SamplingParams
 
 # head_dim 64 and page_size 16: shapes both kernels lower for; one KV head per tp=2 shard.
 CFG = tiny_config(eos_token_ids=(), head_dim=64, num_heads=4, num_kv_heads=2, num_layers=2)
