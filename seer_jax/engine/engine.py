@@ -19,6 +19,7 @@ from collections.abc import Callable
 import numpy as np
 from jax.sharding import Mesh
 
+from seer_jax.engine.attention_backend import ENGINE_IMPLS
 from seer_jax.engine.batch import StepBatch, build_batch
 from seer_jax.engine.block_manager import BlockManager, OutOfPages
 from seer_jax.engine.model_runner import ModelRunner
@@ -37,7 +38,7 @@ class EngineConfig:
     max_num_batched_tokens: int = 256
     max_prefill_seqs: int = 4
     max_model_len: int = 0  # 0: the model's max_position_embeddings
-    attention_impl: str = "auto"
+    impl: str = "auto"  # attention: auto | reference | cpu | tpu | gpu (see attention_backend)
     prefix_sharing: bool = True
     preemption: str = "recompute"  # or "swap"
     max_top_logprobs: int = 0
@@ -65,9 +66,9 @@ class EngineConfig:
                 raise ConfigError(f"engine config {key}={getattr(self, key)!r} is out of range")
         if self.preemption not in ("recompute", "swap"):
             raise ConfigError(f"engine config preemption={self.preemption!r}: allowed 'recompute', 'swap'")
-        if self.attention_impl not in ("auto", "reference", "tpu", "gpu"):
-            raise ConfigError(f"engine config attention_impl={self.attention_impl!r}: allowed "
-                              "'auto', 'reference', 'tpu', 'gpu'")
+        if self.impl not in ENGINE_IMPLS:
+            raise ConfigError(f"engine config impl={self.impl!r}: allowed "
+                              f"{', '.join(map(repr, ENGINE_IMPLS))}")
 
 
 @dataclasses.dataclass
@@ -176,7 +177,11 @@ class Engine:
         self.max_model_len = config.max_model_len or cfg.max_position_embeddings
         num_pages = config.kv_pages(cfg.kv_bytes_per_token())
         self.blocks = BlockManager(num_pages, config.page_size)
-        self.runner = ModelRunner(cfg, params, num_pages, config.page_size, mesh, config.attention_impl)
+        self.runner = ModelRunner(
+            cfg, params, num_pages, config.page_size, mesh, config.impl,
+            max_seqs=max(config.max_num_seqs, config.max_prefill_seqs),
+            pages_per_seq=self.blocks.pages_for(self.max_model_len),
+            max_tokens=max(config.max_num_batched_tokens, config.max_num_seqs * 8))
         self.waiting: collections.deque[_Seq] = collections.deque()
         self.running: list[_Seq] = []
         self.seqs: dict[str, _Seq] = {}

@@ -4,11 +4,12 @@ One step runs the decoder over a flat batch of N tokens laid out in two ragged r
   decode region  [0, n_dec * q_dec)          sequences with q_len <= q_dec (decode; verify trees)
   prefill region [n_dec * q_dec, N)          up to n_pre sequences of chunked prefill
 Each region is one `ragged_paged_attention` call per layer (on CPU the jnp reference, whose cost
-scales with max_q_len, so splitting keeps decodes cheap next to a long prefill chunk). All shapes
+scales with max_q_len, so splitting keeps decodes cheap next to a long prefill chunk). Which
+attention runs, and how kernels run under `shard_map` on a tp mesh: `attention_backend`. All shapes
 come from a small set of padded buckets (`Layout`), so steady state never recompiles.
 
-KV cache: k_all, v_all [num_layers, num_kv_heads, num_pages, page_size, head_dim], carried
-through the layer scan and donated to every step, so updates happen in place.
+KV cache: k_all, v_all [num_layers, num_kv_heads * kv_repeat, num_pages, page_size, head_dim],
+carried through the layer scan and donated to every step, so updates happen in place.
 """
 
 from __future__ import annotations
@@ -26,6 +27,13 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 if TYPE_CHECKING:
     from seer_jax.engine.batch import StepBatch
+from seer_jax.engine.attention_backend import (
+    AttentionPlan,
+    check_kernel_shapes,
+    kernel_attention,
+    kernel_write,
+    make_plan,
+)
 from seer_jax.engine.cpu_attention import gather_pages, paged_decode_attention
 from seer_jax.model.config import ModelConfig
 from seer_jax.model.llama import Params, forward, jnp_dtype
@@ -33,7 +41,6 @@ from seer_jax.model.sampling import request_keys, sample_tokens, top_logprobs
 from seer_jax.model.sharding import ShardingRules, shard_params
 from seer_jax.pallas import ragged_paged_attention
 from seer_jax.pallas.acceptance import accept_draft_tree
-from seer_jax.pallas.checks import resolve_impl
 
 TRACE_COUNTS: dict[str, int] = {"step": 0}
 # compiled steps by (function, static args, shapes, sharding), least recently used first; bounded
@@ -77,58 +84,65 @@ def fine_bucket(n: int, minimum: int, maximum: int | None = None) -> int:
 
 
 def uses_cpu_decode(impl: str, layout: Layout) -> bool:
-    """Whether the decode region runs `cpu_attention.paged_decode_attention` (reference impl,
-    plain one-token decode): its cost does not depend on the page-table width."""
-    return layout.q_dec == 1 and resolve_impl(impl) == "reference"
+    """Whether the decode region runs `cpu_attention.paged_decode_attention` (the `cpu` impl,
+    plain one-token decode): its cost does not depend on the page-table width. `impl` is the
+    runner's resolved impl (`ModelRunner.impl`)."""
+    return layout.q_dec == 1 and impl == "cpu"
 
 
-def _paged_attention(cache, meta, layer, q, k, v, *, layout: Layout, impl: str):
+def _paged_attention(cache, meta, layer, q, k, v, *, layout: Layout, plan: AttentionPlan):
+    """One layer's KV write + attention over both regions. The cache is the whole
+    [L, Hkv_cache, P, S, D] pool carried through the layer scan; nothing here slices a layer out
+    of it (that would copy the layer's page pool on every layer of every step)."""
     k_all, v_all = cache
     _, _, num_pages, page_size, _ = k_all.shape
     slots = meta["slots"]
-    n_slots = num_pages * page_size
-    s = jnp.where((slots >= 0) & (slots < n_slots), slots, n_slots)
-    pg, off = s // page_size, s % page_size
-    k_all = k_all.at[layer, :, pg, off].set(k.astype(k_all.dtype), mode="drop")
-    v_all = v_all.at[layer, :, pg, off].set(v.astype(v_all.dtype), mode="drop")
+    if plan.kernel:
+        k_all, v_all = kernel_write(plan, k_all, v_all, k, v, slots, layer)
+    else:
+        n_slots = num_pages * page_size
+        s = jnp.where((slots >= 0) & (slots < n_slots), slots, n_slots)
+        pg, off = s // page_size, s % page_size
+        k_all = k_all.at[layer, :, pg, off].set(k.astype(k_all.dtype), mode="drop")
+        v_all = v_all.at[layer, :, pg, off].set(v.astype(v_all.dtype), mode="drop")
     outs = []
     split = layout.n_dec * layout.q_dec
-    reference = resolve_impl(impl) == "reference"
 
-    def pool(page_table):
-        """(k_pages, v_pages, page_table) for one region. For the jnp reference, only the
-        region's pages are gathered (slicing the layer out of the cache would copy its whole
-        page pool, on every layer of every step)."""
-        if not reference:
-            return k_all[layer], v_all[layer], page_table
-        flat = page_table.reshape(-1)
-        table = jnp.arange(flat.shape[0], dtype=jnp.int32).reshape(page_table.shape)
-        return gather_pages(k_all, flat, layer), gather_pages(v_all, flat, layer), table
+    def attend(q_region, prefix, max_q_len, parents=None):
+        kv_lens, table = meta[f"{prefix}_kv_lens"], meta[f"{prefix}_pages"]
+        cu, num = meta[f"{prefix}_cu"], meta[f"{prefix}_num"]
+        if plan.kernel:
+            return kernel_attention(plan, q_region, k_all, v_all, kv_lens, table, cu, num,
+                                    layer=layer, tree_parents=parents)
+        if plan.impl == "reference":
+            return ragged_paged_attention(q_region, k_all, v_all, kv_lens, table, cu, num,
+                                          tree_parents=parents, max_q_len=max_q_len,
+                                          impl="reference", layer=layer)
+        # cpu: gather only the region's pages, then the reference on that small pool.
+        flat = table.reshape(-1)
+        local = jnp.arange(flat.shape[0], dtype=jnp.int32).reshape(table.shape)
+        return ragged_paged_attention(
+            q_region, gather_pages(k_all, flat, layer), gather_pages(v_all, flat, layer),
+            kv_lens, local, cu, num, tree_parents=parents, max_q_len=max_q_len,
+            impl="reference")
 
-    if layout.n_dec and uses_cpu_decode(impl, layout) and meta.get("dec_parents") is None:
+    if layout.n_dec and uses_cpu_decode(plan.impl, layout) and meta.get("dec_parents") is None:
         outs.append(paged_decode_attention(
             q[:split], k_all, v_all, meta["dec_kv_lens"], meta["dec_pages"], meta["dec_num"],
             layer=layer))
     elif layout.n_dec:
-        kp, vp, table = pool(meta["dec_pages"])
-        outs.append(ragged_paged_attention(
-            q[:split], kp, vp, meta["dec_kv_lens"], table,
-            meta["dec_cu"], meta["dec_num"], tree_parents=meta.get("dec_parents"),
-            max_q_len=layout.q_dec, impl=impl))
+        outs.append(attend(q[:split], "dec", layout.q_dec, meta.get("dec_parents")))
     if layout.n_pre:
-        kp, vp, table = pool(meta["pre_pages"])
-        outs.append(ragged_paged_attention(
-            q[split:], kp, vp, meta["pre_kv_lens"], table,
-            meta["pre_cu"], meta["pre_num"], max_q_len=layout.t_pre, impl=impl))
+        outs.append(attend(q[split:], "pre", layout.t_pre))
     out = outs[0] if len(outs) == 1 else jnp.concatenate(outs, axis=0)
     return out, (k_all, v_all)
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "layout", "impl", "num_top"),
+@functools.partial(jax.jit, static_argnames=("cfg", "layout", "plan", "num_top"),
                    donate_argnames=("k_all", "v_all"))
-def _sample_step(params, k_all, v_all, batch, *, cfg, layout, impl, num_top):
+def _sample_step(params, k_all, v_all, batch, *, cfg, layout, plan, num_top):
     TRACE_COUNTS["step"] += 1
-    attention = functools.partial(_paged_attention, layout=layout, impl=impl)
+    attention = functools.partial(_paged_attention, layout=layout, plan=plan)
     logits, (k_all, v_all) = forward(params, cfg, batch["tokens"], batch["positions"],
                                      (k_all, v_all), batch, attention,
                                      logits_index=batch["logits_index"])
@@ -140,14 +154,14 @@ def _sample_step(params, k_all, v_all, batch, *, cfg, layout, impl, num_top):
     return k_all, v_all, toks, lps, top
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "layout", "impl"),
+@functools.partial(jax.jit, static_argnames=("cfg", "layout", "plan"),
                    donate_argnames=("k_all", "v_all"))
-def _verify_step(params, k_all, v_all, batch, *, cfg, layout, impl):
+def _verify_step(params, k_all, v_all, batch, *, cfg, layout, plan):
     """Speculative step: the decode region holds [last token, draft nodes...] per sequence (a
     token tree via dec_parents); every decode-region token gets logits, and the draft tree is
     accepted or rejected losslessly. Prefill rows are sampled as usual."""
     TRACE_COUNTS["step"] += 1
-    attention = functools.partial(_paged_attention, layout=layout, impl=impl)
+    attention = functools.partial(_paged_attention, layout=layout, plan=plan)
     logits, (k_all, v_all) = forward(params, cfg, batch["tokens"], batch["positions"],
                                      (k_all, v_all), batch, attention,
                                      logits_index=batch["logits_index"])
@@ -193,20 +207,30 @@ class ModelRunner:
 
     def __init__(self, cfg: ModelConfig, params: Params, num_pages: int, page_size: int,
                  mesh: Mesh | None = None, attention_impl: str = "auto",
-                 rules: ShardingRules = ShardingRules()):
+                 rules: ShardingRules = ShardingRules(), *, max_seqs: int = 0,
+                 pages_per_seq: int = 0, max_tokens: int = 0):
+        """max_seqs, pages_per_seq, max_tokens: the largest batch the engine will build; with
+        them a kernel impl that cannot lower for these shapes is refused here (ConfigError)."""
         self.cfg = cfg
         self.page_size = page_size
         self.num_pages = num_pages
         self.mesh = mesh
-        self.impl = attention_impl
+        self.plan = make_plan(cfg, attention_impl, mesh)
+        self.impl = self.plan.impl  # resolved: reference | cpu | tpu | gpu
+        dtype = jnp_dtype(cfg)
+        if max_seqs:
+            check_kernel_shapes(self.plan, cfg, page_size=page_size,
+                                dtype_bytes=jnp.dtype(dtype).itemsize, max_seqs=max_seqs,
+                                pages_per_seq=pages_per_seq, max_tokens=max_tokens)
         self.compile_s = 0.0  # time spent compiling new step shapes
         self.rules = rules
         self.set_params(params)
-        shape = (cfg.num_layers, cfg.num_kv_heads, num_pages, page_size, cfg.head_dim)
-        dtype = jnp_dtype(cfg)
+        self.kv_repeat = self.plan.kv_repeat
+        shape = (cfg.num_layers, cfg.num_kv_heads * self.kv_repeat, num_pages, page_size,
+                 cfg.head_dim)
         if mesh is not None:
             tp = mesh.shape.get("tp", 1)
-            spec = PartitionSpec(None, "tp" if cfg.num_kv_heads % tp == 0 else None)
+            spec = PartitionSpec(None, "tp" if shape[1] % tp == 0 else None)
             sharding = NamedSharding(mesh, spec)
             zeros = jax.jit(lambda: jnp.zeros(shape, dtype), out_shardings=sharding)
             self.k_all, self.v_all = zeros(), zeros()
@@ -240,7 +264,7 @@ class ModelRunner:
         [rows], top-logprobs or None)."""
         layout = batch.layout
         dev = {k: jnp.asarray(v) for k, v in batch.arrays().items()}
-        exe = self._executable(_sample_step, dev, cfg=self.cfg, layout=layout, impl=self.impl,
+        exe = self._executable(_sample_step, dev, cfg=self.cfg, layout=layout, plan=self.plan,
                                num_top=num_top)
         self.k_all, self.v_all, toks, lps, top = exe(self.params, self.k_all, self.v_all, dev)
         toks, lps = np.asarray(toks), np.asarray(lps)
@@ -253,7 +277,7 @@ class ModelRunner:
         num_accepted [n_dec], accepted_nodes [n_dec, q-1]) and the prefill (tokens, logprobs)."""
         layout = batch.layout
         dev = {k: jnp.asarray(v) for k, v in batch.arrays().items()}
-        exe = self._executable(_verify_step, dev, cfg=self.cfg, layout=layout, impl=self.impl)
+        exe = self._executable(_verify_step, dev, cfg=self.cfg, layout=layout, plan=self.plan)
         self.k_all, self.v_all, res, pre = exe(self.params, self.k_all, self.v_all, dev)
         out = (np.asarray(res.tokens), np.asarray(res.logprobs), np.asarray(res.num_accepted),
                np.asarray(res.accepted_nodes))
@@ -277,11 +301,14 @@ class ModelRunner:
         """Host copies [num_layers, num_kv_heads, num_tokens, head_dim] of a page table's tokens."""
         k, v = _read_pages(self.k_all, self.v_all, jnp.asarray(pages, jnp.int32))
         L, H, P, S, D = k.shape
-        k = np.asarray(k).reshape(L, H, P * S, D)[:, :, :num_tokens]
-        v = np.asarray(v).reshape(L, H, P * S, D)[:, :, :num_tokens]
+        k = np.asarray(k).reshape(L, H, P * S, D)[:, :: self.kv_repeat, :num_tokens]
+        v = np.asarray(v).reshape(L, H, P * S, D)[:, :: self.kv_repeat, :num_tokens]
         return k, v
 
     def write_kv(self, pages: list[int], k: np.ndarray, v: np.ndarray) -> None:
+        """Inverse of `read_kv` (k, v: [num_layers, num_kv_heads, n, head_dim])."""
+        if self.kv_repeat > 1:
+            k, v = np.repeat(k, self.kv_repeat, axis=1), np.repeat(v, self.kv_repeat, axis=1)
         L, H, n, D = k.shape
         S = self.page_size
         pad = len(pages) * S - n

@@ -1,4 +1,5 @@
-"""Kernels (TPU Pallas, GPU Pallas, jnp reference) for the paged engine's hot path."""
+"""Kernels for the paged engine's hot path: ragged paged attention and KV writes (TPU Pallas, GPU
+Pallas/Triton, jnp reference), and draft-tree acceptance (XLA)."""
 
 from seer_jax.pallas.acceptance import (
     AcceptResult,

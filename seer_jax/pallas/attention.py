@@ -27,6 +27,7 @@ def ragged_paged_attention(
     block_q: int | None = None,
     pages_per_block: int | None = None,
     num_kv_splits: int | None = None,
+    layer: jax.Array | int | None = None,
 ) -> jax.Array:
     """Ragged paged attention over a paged KV cache -> [num_tokens, num_q_heads, head_dim].
 
@@ -49,6 +50,10 @@ def ragged_paged_attention(
         "gpu" the generic Pallas interpreter.
       max_q_len: static upper bound of any sequence's q_len (reference only; speeds it up).
       block_q, pages_per_block, num_kv_splits: kernel tiling (None = defaults).
+      layer: with it, k_pages/v_pages are a whole multi-layer cache
+        [num_layers, num_kv_heads, total_pages, page_size, head_dim] and layer (int or traced
+        int32 scalar) picks one; the kernels read that layer's pages in place (no per-layer copy
+        of the pool, which slicing `k_all[layer]` inside a layer scan would cost).
 
     The query tokens of a sequence are its last q_len positions: token i sits at position
     kv_len - q_len + i and attends causally (or along its tree path) to positions <= its own.
@@ -56,13 +61,21 @@ def ragged_paged_attention(
     if tree_parents is not None and tree_mask is not None:
         raise InputError("pass tree_parents or its alias tree_mask, not both")
     tree_parents = tree_mask if tree_parents is None else tree_parents
-    check_attention_inputs(q, k_pages, v_pages, kv_lens, page_indices, cu_q_lens, num_seqs,
+    k_view, v_view = k_pages, v_pages
+    if layer is not None:
+        if k_pages.ndim != 5 or k_pages.shape != v_pages.shape:
+            raise InputError("with layer, k_pages/v_pages must both be [num_layers, num_kv_heads, "
+                             f"total_pages, page_size, head_dim], got {k_pages.shape}, "
+                             f"{v_pages.shape}")
+        k_view = jax.ShapeDtypeStruct(k_pages.shape[1:], k_pages.dtype)
+        v_view = jax.ShapeDtypeStruct(v_pages.shape[1:], v_pages.dtype)
+    check_attention_inputs(q, k_view, v_view, kv_lens, page_indices, cu_q_lens, num_seqs,
                            tree_parents)
     which = resolve_impl(impl)
     if which == "reference":
         return ragged_paged_attention_reference(
             q, k_pages, v_pages, kv_lens, page_indices, cu_q_lens, num_seqs,
-            sm_scale=sm_scale, tree_parents=tree_parents, max_q_len=max_q_len,
+            sm_scale=sm_scale, tree_parents=tree_parents, max_q_len=max_q_len, layer=layer,
         )
     if which == "tpu":
         from seer_jax.pallas.attention_tpu import ragged_paged_attention_tpu
@@ -70,7 +83,7 @@ def ragged_paged_attention(
         return ragged_paged_attention_tpu(
             q, k_pages, v_pages, kv_lens, page_indices, cu_q_lens, num_seqs,
             sm_scale=sm_scale, tree_parents=tree_parents, interpret=interpret,
-            block_q=block_q, pages_per_block=pages_per_block,
+            block_q=block_q, pages_per_block=pages_per_block, layer=layer,
         )
     from seer_jax.pallas.attention_gpu import ragged_paged_attention_gpu
 
@@ -78,4 +91,5 @@ def ragged_paged_attention(
         q, k_pages, v_pages, kv_lens, page_indices, cu_q_lens, num_seqs,
         sm_scale=sm_scale, tree_parents=tree_parents, interpret=interpret,
         block_q=block_q, pages_per_block=pages_per_block, num_kv_splits=num_kv_splits,
+        layer=layer,
     )

@@ -6,7 +6,11 @@ sequence overlapping the q block, the split's share of the KV blocks the causal 
 read page-by-page through the page table (a gathered load of `pages_per_block` pages), with an
 online softmax in registers. Each split writes its un-normalised accumulator and (m, l); the
 wrapper merges the splits (split-K / flash-decoding), which keeps the GPU busy for decode batches
-where there are few q blocks. Row metadata and the tree mask are shared with the TPU kernel.
+where there are few q blocks. q, K and V stay in the cache dtype for the tensor cores (bf16 dots
+accumulate in f32; f32 caches use full-precision dots, no TF32). The pool may be one layer
+[Hkv, P, S, D] or the whole cache [L, Hkv, P, S, D] with a layer index read inside the kernel,
+so the engine's layer scan never slices a layer out. Pointer offsets are 64-bit whenever an
+array exceeds 4 GiB (the Triton lowering picks the width per array). Row metadata and the tree mask are shared with the TPU kernel.
 """
 
 from __future__ import annotations
@@ -19,21 +23,19 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 
 from seer_jax.errors import InputError
-from seer_jax.pallas.attention_tpu import prepare, unfold
+from seer_jax.pallas.attention_tpu import pool_5d, prepare, unfold
+from seer_jax.pallas.limits import gpu_attention_problem, pow2
 from seer_jax.pallas.tree import KERNEL_TREE_WINDOW
 
 NEG = -1e30
 
 
-def _pow2(n: int) -> int:
-    return 1 << max(0, (int(n) - 1).bit_length())
-
-
 def _kernel(
     q_ref,  # [rows, D]
     meta_ref,  # [rows, 4]
-    k_ref,  # [total_pages, page_size, D] (this KV head)
+    k_ref,  # [L, total_pages, page_size, D] (this KV head, every layer)
     v_ref,
+    layer_ref,  # [1]
     pages_ref,  # [max_seqs, pages_per_seq_padded]
     kv_lens_ref,  # [max_seqs]
     cu_ref,  # [max_seqs + 1]
@@ -52,6 +54,7 @@ def _kernel(
 ):
     b = pl.program_id(0)
     split = pl.program_id(2)
+    layer = layer_ref[0]
     rows, head_dim = q_ref.shape
     kv_blk = pages_per_block * page_size
     # f32 caches use full-precision dots (no TF32); bf16 caches bf16 dots with f32 accumulation.
@@ -79,8 +82,8 @@ def _kernel(
         def per_kv_block(kb, c):
             o, m, den = c
             pages = pages_ref[seq, pl.ds(kb * pages_per_block, pages_per_block)]
-            k = k_ref[pages].reshape(kv_blk, head_dim)
-            v = v_ref[pages].reshape(kv_blk, head_dim)
+            k = k_ref[layer, pages].reshape(kv_blk, head_dim)
+            v = v_ref[layer, pages].reshape(kv_blk, head_dim)
             kpos = kb * kv_blk + jnp.arange(kv_blk, dtype=jnp.int32)
             k_ok = kpos < kv_end
             v = jnp.where(k_ok[:, None], v, jnp.zeros_like(v))
@@ -122,31 +125,33 @@ def ragged_paged_attention_gpu(
     num_kv_splits: int | None = None,
     num_warps: int = 4,
     num_stages: int = 2,
+    layer: jax.Array | int | None = None,
 ) -> jax.Array:
     """GPU (Triton) kernel; same contract as `seer_jax.pallas.ragged_paged_attention`.
+
+    k_pages/v_pages: [Hkv, P, S, D], or the whole cache [L, Hkv, P, S, D] with `layer`.
 
     num_kv_splits: KV splits per (q block, head) merged afterwards; default 4 for decode-like
     batches (num_tokens <= 2 * max_seqs), else 1.
     """
+    k5, v5, layer_arr = pool_5d(k_pages, v_pages, layer)
     num_tokens, num_q_heads, head_dim = q.shape
-    num_kv_heads, total_pages, page_size, _ = k_pages.shape
+    num_layers, num_kv_heads, total_pages, page_size, _ = k5.shape
     max_seqs, pages_per_seq = page_indices.shape
-    if head_dim < 16 or head_dim != _pow2(head_dim):
-        raise InputError(f"GPU kernel needs a power-of-two head_dim >= 16, got {head_dim}; "
-                         "use impl='reference'")
-    if page_size != _pow2(page_size):
-        raise InputError(f"GPU kernel needs a power-of-two page_size, got {page_size}")
+    problem = gpu_attention_problem(head_dim=head_dim, page_size=page_size)
+    if problem:
+        raise InputError(f"GPU attention kernel cannot lower: {problem}; use impl='reference'")
     group = num_q_heads // num_kv_heads
-    gp = _pow2(group)
-    block_q = _pow2(block_q or max(1, 16 // gp))
-    pages_per_block = _pow2(pages_per_block or max(1, 64 // page_size))
-    pages_per_block = min(pages_per_block, _pow2(pages_per_seq))
+    gp = pow2(group)
+    block_q = pow2(block_q or max(1, 16 // gp))
+    pages_per_block = pow2(pages_per_block or max(1, 64 // page_size))
+    pages_per_block = min(pages_per_block, pow2(pages_per_seq))
     if num_kv_splits is None:
         num_kv_splits = 4 if num_tokens <= 2 * max_seqs else 1
     scale = head_dim**-0.5 if sm_scale is None else float(sm_scale)
     q_rows, meta, kv, bad_tok, blk_lo, blk_hi, tp, gp = prepare(
-        q, k_pages, kv_lens, page_indices, cu_q_lens, num_seqs, tree_parents, block_q,
-        group_pad=gp)
+        q, jax.ShapeDtypeStruct(k5.shape[1:], k5.dtype), kv_lens, page_indices, cu_q_lens,
+        num_seqs, tree_parents, block_q, group_pad=gp)
     rows = block_q * gp
     num_blocks = tp // block_q
     pps_pad = -(-pages_per_seq // pages_per_block) * pages_per_block
@@ -159,6 +164,8 @@ def ragged_paged_attention_gpu(
         has_tree=tree_parents is not None,
     )
     full = lambda shape: pl.BlockSpec(shape, lambda b, h, s: (0,) * len(shape))
+    pool = pl.BlockSpec((num_layers, None, total_pages, page_size, head_dim),
+                        lambda b, h, s: (0, h, 0, 0, 0))
     n_rows = tp * gp
     o, m, den = pl.pallas_call(
         kernel,
@@ -166,8 +173,9 @@ def ragged_paged_attention_gpu(
         in_specs=[
             pl.BlockSpec((None, rows, head_dim), lambda b, h, s: (h, b, 0)),
             pl.BlockSpec((rows, 4), lambda b, h, s: (b, 0)),
-            pl.BlockSpec((None, total_pages, page_size, head_dim), lambda b, h, s: (h, 0, 0, 0)),
-            pl.BlockSpec((None, total_pages, page_size, head_dim), lambda b, h, s: (h, 0, 0, 0)),
+            pool,
+            pool,
+            full((1,)),
             full(pages.shape),
             full(kv.shape),
             full(cu.shape),
@@ -187,7 +195,7 @@ def ragged_paged_attention_gpu(
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
         name="seer_ragged_paged_attention_gpu",
-    )(q_rows, meta, k_pages, v_pages, pages, kv, cu, blk_lo, blk_hi)
+    )(q_rows, meta, k5, v5, layer_arr, pages, kv, cu, blk_lo, blk_hi)
     # Merge the KV splits.
     m_all = jnp.max(m, axis=0)
     w = jnp.exp(m - m_all[None])

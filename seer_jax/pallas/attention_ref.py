@@ -27,6 +27,7 @@ def ragged_paged_attention_reference(
     sm_scale: float | None = None,
     tree_parents: jax.Array | None = None,  # [num_tokens] int32, see seer_jax.pallas.tree
     max_q_len: int | None = None,
+    layer: jax.Array | int | None = None,  # with a [L, Hkv, P, S, D] cache: the layer to read
 ) -> jax.Array:
     """Attention of packed ragged queries over paged K/V -> [num_tokens, num_q_heads, head_dim].
 
@@ -34,7 +35,7 @@ def ragged_paged_attention_reference(
     capacity (or is below its q_len) gets NaN rows, so a bad batch can never pass silently.
     """
     num_tokens, num_q_heads, head_dim = q.shape
-    num_kv_heads, _, page_size, _ = k_pages.shape
+    num_kv_heads, total_pages, page_size, _ = k_pages.shape[-4:]
     max_seqs, pages_per_seq = page_indices.shape
     group = num_q_heads // num_kv_heads
     qm = num_tokens if max_q_len is None else max(1, min(int(max_q_len), num_tokens))
@@ -57,9 +58,14 @@ def ragged_paged_attention_reference(
     q_s = q_s.reshape(max_seqs, qm, num_kv_heads, group, head_dim).astype(jnp.float32)
 
     # K/V of each sequence through its page-table row.
-    pages = jnp.clip(page_indices, 0, k_pages.shape[1] - 1)
-    k_s = k_pages[:, pages].reshape(num_kv_heads, max_seqs, kv_cap, head_dim)
-    v_s = v_pages[:, pages].reshape(num_kv_heads, max_seqs, kv_cap, head_dim)
+    pages = jnp.clip(page_indices, 0, total_pages - 1)
+    if layer is None:
+        k_s, v_s = k_pages[:, pages], v_pages[:, pages]
+    else:  # gather from the whole cache; advanced indices come first -> [S, pps, Hkv, ...]
+        k_s = jnp.moveaxis(k_pages[layer, :, pages], 2, 0)
+        v_s = jnp.moveaxis(v_pages[layer, :, pages], 2, 0)
+    k_s = k_s.reshape(num_kv_heads, max_seqs, kv_cap, head_dim)
+    v_s = v_s.reshape(num_kv_heads, max_seqs, kv_cap, head_dim)
     kpos = jnp.arange(kv_cap, dtype=jnp.int32)
     k_valid = kpos[None, :] < kv_lens[:, None]  # [S, L]
     # Zero what lies beyond kv_len: stale or NaN slots must not leak through 0 * NaN.

@@ -6,7 +6,10 @@ fetch. The page table, kv_lens, cu_q_lens and each block's sequence range come i
 prefetch (SMEM). K/V stay in HBM (`pl.ANY`); for each sequence overlapping the block the kernel
 streams its pages, `pages_per_block` at a time, by async DMA into a double-buffered VMEM scratch
 (the next block's DMAs are in flight while the current one is multiplied), with an online
-softmax in f32 scratch. Only the pages a block's causal window needs are fetched; padding
+softmax in f32 scratch. q, K and V stay in the cache dtype for the MXU (bf16 x bf16 with f32
+accumulation). The pool may be one layer [Hkv, P, S, D] or the whole cache [L, Hkv, P, S, D]
+with a layer index (scalar prefetch): the DMAs then read the layer's pages straight out of the
+full cache, so the engine's layer scan never slices (copies) a layer out. Only the pages a block's causal window needs are fetched; padding
 sequences (>= num_seqs) and tokens cost nothing. Per-row metadata (sequence id, query position,
 visible prefix, tree-window bits) is precomputed by the wrapper (see `tree.kernel_tree_mask`).
 """
@@ -21,14 +24,15 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from seer_jax.errors import InputError
+from seer_jax.pallas.limits import tpu_attention_problem, tpu_block_q
 from seer_jax.pallas.tree import KERNEL_TREE_WINDOW, kernel_tree_mask, token_seq_ids
 
 NEG = -1e30
-SUPPORTED_HEAD_DIMS = (64, 128, 256)
 
 
 def _kernel(
     # scalar prefetch (SMEM)
+    layer_ref,  # [1]
     pages_ref,  # [max_seqs * pages_per_seq]
     kv_lens_ref,  # [max_seqs]
     cu_ref,  # [max_seqs + 1]
@@ -37,7 +41,7 @@ def _kernel(
     # inputs
     q_ref,  # [rows, D] (VMEM block)
     meta_ref,  # [rows, 4] int32: seq, qpos, vis_end, bits
-    k_hbm,  # [Hkv, total_pages, page_size, D] (HBM)
+    k_hbm,  # [L, Hkv, total_pages, page_size, D] (HBM)
     v_hbm,
     # output
     o_ref,  # [rows, D]
@@ -58,11 +62,12 @@ def _kernel(
 ):
     h = pl.program_id(0)
     b = pl.program_id(1)
+    layer = layer_ref[0]
     kv_blk = pages_per_block * page_size
     m_ref[...] = jnp.full(m_ref.shape, NEG, jnp.float32)
     l_ref[...] = jnp.zeros(l_ref.shape, jnp.float32)
     acc_ref[...] = jnp.zeros(acc_ref.shape, jnp.float32)
-    q = q_ref[...].astype(jnp.float32) * sm_scale
+    q = (q_ref[...].astype(jnp.float32) * sm_scale).astype(k_buf.dtype)  # MXU dtype
     meta = meta_ref[...]
     row_seq, row_qpos, row_vis, row_bits = (meta[:, i: i + 1] for i in range(4))
 
@@ -76,8 +81,10 @@ def _kernel(
             dst = pl.ds(i * page_size, page_size)
             out.append((
                 valid,
-                pltpu.make_async_copy(k_hbm.at[h, page], k_buf.at[slot, dst], sems.at[slot, 0]),
-                pltpu.make_async_copy(v_hbm.at[h, page], v_buf.at[slot, dst], sems.at[slot, 1]),
+                pltpu.make_async_copy(k_hbm.at[layer, h, page], k_buf.at[slot, dst],
+                                      sems.at[slot, 0]),
+                pltpu.make_async_copy(v_hbm.at[layer, h, page], v_buf.at[slot, dst],
+                                      sems.at[slot, 1]),
             ))
         return out
 
@@ -119,10 +126,10 @@ def _kernel(
                 start(seq, kb + 1, 1 - slot, n_pages)
 
             wait(seq, kb, slot, n_pages)
-            k = k_buf[slot].astype(jnp.float32)  # [kv_blk, D]
-            v = v_buf[slot].astype(jnp.float32)
+            k = k_buf[slot]  # [kv_blk, D] cache dtype
+            v = v_buf[slot]
             kpos_col = kb * kv_blk + jax.lax.broadcasted_iota(jnp.int32, (kv_blk, 1), 0)
-            v = jnp.where(kpos_col < kv_end, v, 0.0)  # stale / NaN slots never leak
+            v = jnp.where(kpos_col < kv_end, v, jnp.zeros_like(v))  # stale / NaN never leak
             s = jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())),
                                     preferred_element_type=jnp.float32)  # [rows, kv_blk]
             kpos = kb * kv_blk + jax.lax.broadcasted_iota(jnp.int32, (1, kv_blk), 1)
@@ -138,8 +145,8 @@ def _kernel(
             p = jnp.where(mask, jnp.exp(s - m_new), 0.0)
             alpha = jnp.exp(m_prev - m_new)
             l_ref[...] = alpha * l_ref[...] + jnp.sum(p, axis=1, keepdims=True)
-            acc_ref[...] = alpha * acc_ref[...] + jnp.dot(p, v,
-                                                          preferred_element_type=jnp.float32)
+            acc_ref[...] = alpha * acc_ref[...] + jnp.dot(
+                p.astype(v.dtype), v, preferred_element_type=jnp.float32)
             m_ref[...] = m_new
             return c
 
@@ -214,6 +221,18 @@ def unfold(o_rows, num_tokens, num_q_heads, group, gp, bad_tok, dtype):
     return jnp.where(bad_tok[:, None, None], jnp.nan, o).astype(dtype)
 
 
+def pool_5d(k_pages, v_pages, layer):
+    """(k, v, layer [1] int32): a [Hkv, P, S, D] pool becomes a one-layer [1, Hkv, P, S, D]."""
+    if k_pages.ndim == 4:
+        if layer is not None:
+            raise InputError("layer is only meaningful with a [L, Hkv, P, S, D] pool")
+        return (k_pages.reshape((1,) + k_pages.shape), v_pages.reshape((1,) + v_pages.shape),
+                jnp.zeros((1,), jnp.int32))
+    if layer is None:
+        raise InputError(f"a 5-D KV pool {k_pages.shape} needs a layer index")
+    return k_pages, v_pages, jnp.asarray(layer, jnp.int32).reshape(1)
+
+
 def ragged_paged_attention_tpu(
     q, k_pages, v_pages, kv_lens, page_indices, cu_q_lens, num_seqs, *,
     sm_scale: float | None = None,
@@ -221,23 +240,29 @@ def ragged_paged_attention_tpu(
     interpret: bool = False,
     block_q: int | None = None,
     pages_per_block: int | None = None,
+    layer: jax.Array | int | None = None,
 ) -> jax.Array:
     """TPU kernel; same contract as `seer_jax.pallas.ragged_paged_attention`.
 
+    k_pages/v_pages: [Hkv, P, S, D], or the whole cache [L, Hkv, P, S, D] with `layer`.
     interpret=True runs the TPU simulator (`pltpu.InterpretParams()`) on CPU.
     """
+    k5, v5, layer_arr = pool_5d(k_pages, v_pages, layer)
     num_tokens, num_q_heads, head_dim = q.shape
-    num_kv_heads, _, page_size, _ = k_pages.shape
+    _, num_kv_heads, _, page_size, _ = k5.shape
     max_seqs, pages_per_seq = page_indices.shape
-    if head_dim not in SUPPORTED_HEAD_DIMS:
-        raise InputError(f"TPU kernel supports head_dim in {SUPPORTED_HEAD_DIMS}, got {head_dim}; "
-                         "use impl='reference'")
+    problem = tpu_attention_problem(
+        num_q_heads=num_q_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
+        page_size=page_size, dtype_bytes=jnp.dtype(k5.dtype).itemsize, max_seqs=max_seqs,
+        pages_per_seq=pages_per_seq, num_tokens=num_tokens)
+    if problem:
+        raise InputError(f"TPU attention kernel cannot lower: {problem}; use impl='reference'")
     group = num_q_heads // num_kv_heads
-    block_q = block_q or max(1, min(32, 128 // group))
+    block_q = tpu_block_q(group, block_q)
     pages_per_block = max(1, min(pages_per_block or max(1, 128 // page_size), pages_per_seq))
     scale = head_dim**-0.5 if sm_scale is None else float(sm_scale)
     q_rows, meta, kv, bad_tok, blk_lo, blk_hi, tp, gp = prepare(
-        q, k_pages, kv_lens, page_indices, cu_q_lens, num_seqs, tree_parents, block_q)
+        q, jax.ShapeDtypeStruct(k5.shape[1:], k5.dtype), kv_lens, page_indices, cu_q_lens, num_seqs, tree_parents, block_q)
     rows = block_q * gp
     num_blocks = tp // block_q
     kv_blk = pages_per_block * page_size
@@ -247,7 +272,7 @@ def ragged_paged_attention_tpu(
         has_tree=tree_parents is not None,
     )
     grid_spec = pltpu.PrefetchScalarGridSpec(
-        num_scalar_prefetch=5,
+        num_scalar_prefetch=6,
         grid=(num_kv_heads, num_blocks),
         in_specs=[
             pl.BlockSpec((None, rows, head_dim), lambda h, b, *_: (h, b, 0)),
@@ -257,8 +282,8 @@ def ragged_paged_attention_tpu(
         ],
         out_specs=pl.BlockSpec((None, rows, head_dim), lambda h, b, *_: (h, b, 0)),
         scratch_shapes=[
-            pltpu.VMEM((2, kv_blk, head_dim), k_pages.dtype),
-            pltpu.VMEM((2, kv_blk, head_dim), v_pages.dtype),
+            pltpu.VMEM((2, kv_blk, head_dim), k5.dtype),
+            pltpu.VMEM((2, kv_blk, head_dim), v5.dtype),
             pltpu.SemaphoreType.DMA((2, 2)),
             pltpu.VMEM((rows, 1), jnp.float32),
             pltpu.VMEM((rows, 1), jnp.float32),
@@ -273,7 +298,7 @@ def ragged_paged_attention_tpu(
         interpret=pltpu.InterpretParams() if interpret else False,
         name="seer_ragged_paged_attention_tpu",
     )(
-        page_indices.astype(jnp.int32).reshape(-1), kv, cu_q_lens.astype(jnp.int32),
-        blk_lo, blk_hi, q_rows, meta, k_pages, v_pages,
+        layer_arr, page_indices.astype(jnp.int32).reshape(-1), kv, cu_q_lens.astype(jnp.int32),
+        blk_lo, blk_hi, q_rows, meta, k5, v5,
     )
     return unfold(o_rows, num_tokens, num_q_heads, group, gp, bad_tok, q.dtype)

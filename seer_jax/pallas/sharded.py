@@ -2,7 +2,11 @@
 
 Query heads are split over `axis`; K/V heads too. When there are fewer KV heads than shards the
 cache must hold each KV head repeated `tp // num_kv_heads` times (`repeat_kv_heads_for_tp`; the
-engine should allocate the cache that way once, the wrappers repeat on the fly otherwise).
+engine allocates the cache that way once, the wrappers repeat on the fly otherwise). Each shard
+then holds whole GQA groups: its query heads all read the KV head(s) it holds.
+
+With `layer`, the pools are the whole cache [num_layers, kv_heads, ...] (heads on axis 1) and the
+layer index travels into every shard as a replicated scalar.
 """
 
 from __future__ import annotations
@@ -54,6 +58,7 @@ def sharded_ragged_paged_attention(
     *,
     axis: str = "tp",
     tree_parents: jax.Array | None = None,
+    layer: jax.Array | int | None = None,
     **kwargs,
 ) -> jax.Array:
     """`ragged_paged_attention` with heads split over mesh axis `axis`; same result as unsharded.
@@ -65,38 +70,48 @@ def sharded_ragged_paged_attention(
     num_q_heads = q.shape[1]
     if num_q_heads % tp:
         raise InputError(f"num_q_heads={num_q_heads} is not divisible by tp={tp}")
-    if k_pages.shape[0] < tp:
-        k_pages = repeat_kv_heads_for_tp(k_pages, tp)
-        v_pages = repeat_kv_heads_for_tp(v_pages, tp)
-    kv_heads_for_tp(k_pages.shape[0], tp)
-    if num_q_heads % k_pages.shape[0]:
+    hax = 0 if layer is None else 1
+    if k_pages.shape[hax] < tp:
+        k_pages = repeat_kv_heads_for_tp(k_pages, tp, hax)
+        v_pages = repeat_kv_heads_for_tp(v_pages, tp, hax)
+    kv_heads_for_tp(k_pages.shape[hax], tp)
+    if num_q_heads % k_pages.shape[hax]:
         raise InputError(f"num_q_heads={num_q_heads} is not a multiple of the cache's "
-                         f"{k_pages.shape[0]} KV heads")
+                         f"{k_pages.shape[hax]} KV heads")
     heads = P(None, axis, None)
-    kv = P(axis, None, None, None)
+    kv = P(*([None] * hax), axis, None, None, None)
     rep = P()
-    fn = functools.partial(ragged_paged_attention, **kwargs)
-    if tree_parents is None:
-        body = lambda q, k, v, a, b, c, d: fn(q, k, v, a, b, c, d)
-        extra, specs = (), ()
-    else:
-        body = lambda q, k, v, a, b, c, d, t: fn(q, k, v, a, b, c, d, tree_parents=t)
-        extra, specs = (tree_parents,), (rep,)
+    names = (["tree_parents"] if tree_parents is not None else []) + (
+        ["layer"] if layer is not None else [])
+    extra = tuple(x for x in (tree_parents, layer) if x is not None)
+
+    def body(q, k, v, a, b, c, d, *rest):
+        return ragged_paged_attention(q, k, v, a, b, c, d, **dict(zip(names, rest, strict=True)),
+                                      **kwargs)
+
     return jax.shard_map(
         body, mesh=mesh,
-        in_specs=(heads, kv, kv, rep, rep, rep, rep) + specs,
+        in_specs=(heads, kv, kv, rep, rep, rep, rep) + (rep,) * len(extra),
         out_specs=heads, check_vma=False,
-    )(q, k_pages, v_pages, kv_lens, page_indices, cu_q_lens, jnp.asarray(num_seqs), *extra)
+    )(q, k_pages, v_pages, kv_lens, page_indices, cu_q_lens, jnp.asarray(num_seqs),
+      *(jnp.asarray(x) for x in extra))
 
 
 def sharded_write_kv(
-    mesh: Mesh, k_pages, v_pages, new_k, new_v, slot_mapping, *, axis: str = "tp", **kwargs
+    mesh: Mesh, k_pages, v_pages, new_k, new_v, slot_mapping, *, axis: str = "tp",
+    layer: jax.Array | int | None = None, **kwargs
 ):
-    """`write_kv` with KV heads split over `axis` (new_k/new_v: [T, Hkv_cache, D])."""
+    """`write_kv` with KV heads split over `axis` (new_k/new_v: [T, Hkv_cache, D]); with
+    `layer`, the pools are the whole cache [num_layers, Hkv_cache, ...]."""
     _tp(mesh, axis)
-    kv = P(axis, None, None, None)
+    kv = P(axis, None, None, None) if layer is None else P(None, axis, None, None, None)
     new = P(None, axis, None)
+    if layer is None:
+        return jax.shard_map(
+            functools.partial(write_kv, **kwargs), mesh=mesh,
+            in_specs=(kv, kv, new, new, P()), out_specs=(kv, kv), check_vma=False,
+        )(k_pages, v_pages, new_k, new_v, slot_mapping)
     return jax.shard_map(
-        functools.partial(write_kv, **kwargs), mesh=mesh,
-        in_specs=(kv, kv, new, new, P()), out_specs=(kv, kv), check_vma=False,
-    )(k_pages, v_pages, new_k, new_v, slot_mapping)
+        lambda k, v, nk, nv, s, li: write_kv(k, v, nk, nv, s, layer=li, **kwargs), mesh=mesh,
+        in_specs=(kv, kv, new, new, P(), P()), out_specs=(kv, kv), check_vma=False,
+    )(k_pages, v_pages, new_k, new_v, slot_mapping, jnp.asarray(layer, jnp.int32))

@@ -66,7 +66,8 @@ def default_config() -> ml_collections.ConfigDict:
     c.chips_per_instance = 1
     c.engine = ml_collections.ConfigDict(dict(
         page_size=16, num_pages=0, kv_memory_gib=1.0, max_num_seqs=32,
-        max_num_batched_tokens=256, max_prefill_seqs=4))
+        max_num_batched_tokens=256, max_prefill_seqs=4,
+        impl="auto"))  # attention: auto | reference | cpu | tpu | gpu
     c.speculation = False  # grouped speculative decoding (one shared group draft service)
     c.spec_profile = ""  # step-time profile JSON from `seer-jax bench --profile` ("" = cost model)
     c.trace_out = ""  # write a JSONL length trace (for `seer-jax simulate`)

@@ -1,0 +1,85 @@
+"""What each kernel can lower for: tile rules, on-chip memory bounds, supported shapes.
+
+One place answers "can impl X serve this shape?", so the kernel wrappers (InputError at trace
+time) and the engine (ConfigError when it is built, before the first step) apply the same rules.
+
+TPU (Mosaic): the last two dims of every VMEM block must be multiples of (8, 128) or equal the
+array's; bf16 packs two rows per sublane, so q/out row blocks are kept multiples of 16. The
+scalar-prefetched operands (page table, lengths, block ranges) live in SMEM, 1 MiB on v4-v6e;
+we allow three quarters of it (an assumption not yet checked on a TPU: the rest is left for
+Mosaic's own scalars). GPU (Triton): loaded tiles must have power-of-two dims; pointer offsets
+switch to 64 bits by themselves for arrays over 4 GiB, so pool size is not bounded here.
+"""
+
+from __future__ import annotations
+
+import math
+
+TPU_HEAD_DIMS = (64, 128, 256)
+TPU_SMEM_PREFETCH_BYTES = 768 * 1024
+TPU_MAX_Q_BLOCK_TOKENS = 32
+
+
+def pow2(n: int) -> int:
+    """Smallest power of two >= n (>= 1)."""
+    return 1 << max(0, (int(n) - 1).bit_length())
+
+
+def tpu_row_unit(group: int) -> int:
+    """Smallest token count whose rows (tokens x group query heads) are a multiple of 16."""
+    return 16 // math.gcd(group, 16)
+
+
+def tpu_block_q(group: int, requested: int | None = None) -> int:
+    """Tokens per TPU q block: rows = block_q * group a multiple of 16, about 128 rows, at most
+    32 tokens (a decode block visits every sequence it holds, so fewer tokens waste less)."""
+    unit = tpu_row_unit(group)
+    if requested:
+        return -(-int(requested) // unit) * unit
+    target = min(TPU_MAX_Q_BLOCK_TOKENS, max(1, 128 // group))
+    return max(unit, target // unit * unit)
+
+
+def tpu_attention_problem(*, num_q_heads: int, num_kv_heads: int, head_dim: int, page_size: int,
+                          dtype_bytes: int, max_seqs: int, pages_per_seq: int,
+                          num_tokens: int) -> str | None:
+    """Why the TPU attention kernel cannot lower for this shape, or None."""
+    if head_dim not in TPU_HEAD_DIMS:
+        return f"head_dim={head_dim}; allowed {TPU_HEAD_DIMS}"
+    sub = 16 if dtype_bytes == 2 else 8
+    if page_size % sub:
+        return (f"page_size={page_size} is not a multiple of {sub} (TPU {8 * dtype_bytes}-bit "
+                "tile rows; a page is copied into a tiled VMEM buffer)")
+    group = num_q_heads // max(num_kv_heads, 1)
+    block_q = tpu_block_q(group)
+    num_blocks = -(-max(num_tokens, 1) // block_q)
+    smem = 4 * (max_seqs * pages_per_seq + 2 * max_seqs + 1 + 2 * num_blocks + 1)
+    if smem > TPU_SMEM_PREFETCH_BYTES:
+        return (f"page table max_seqs={max_seqs} x pages_per_seq={pages_per_seq} needs {smem} "
+                f"bytes of scalar memory (limit {TPU_SMEM_PREFETCH_BYTES}); lower max_num_seqs "
+                "or max_model_len, or raise page_size")
+    return None
+
+
+def gpu_attention_problem(*, head_dim: int, page_size: int) -> str | None:
+    """Why the GPU (Triton) attention kernel cannot lower for this shape, or None."""
+    if head_dim < 16 or head_dim != pow2(head_dim):
+        return f"head_dim={head_dim}; the GPU kernel needs a power of two >= 16"
+    if page_size != pow2(page_size):
+        return f"page_size={page_size}; the GPU kernel needs a power of two"
+    return None
+
+
+def tpu_write_kv_problem(*, head_dim: int, max_tokens: int) -> str | None:
+    """Why the TPU KV-write kernel cannot serve this shape, or None."""
+    if head_dim % 128 and head_dim not in (64,):
+        return f"head_dim={head_dim}; allowed 64 or a multiple of 128"
+    if 4 * max_tokens > TPU_SMEM_PREFETCH_BYTES:
+        return f"{max_tokens} tokens of slots exceed the scalar memory bound"
+    return None
+
+
+def gpu_write_kv_problem(*, head_dim: int) -> str | None:
+    if head_dim != pow2(head_dim):
+        return f"head_dim={head_dim}; the GPU KV write needs a power of two"
+    return None
