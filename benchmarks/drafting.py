@@ -31,8 +31,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import pathlib
 import sys
 import time
+
+import numpy as np
 
 from seer_jax.analysis.drafting_replay import (
     RATES,
@@ -46,6 +49,7 @@ from seer_jax.analysis.drafting_replay import (
 )
 from seer_jax.analysis.synthetic_text import synthetic_groups
 from seer_jax.drafting import BudgetConfig, DraftConfig, SpeculationBudget
+from seer_jax.drafting.calibration import build_calibration, write_calibration
 
 
 def generate_rollouts(mix: str, num_groups: int, group_size: int, max_tokens: int, seed: int,
@@ -86,7 +90,8 @@ def draft_config(args, mode: str = "group") -> DraftConfig:
                        prior=args.prior, own_context=args.own_context, merge_trees=args.merge_trees)
 
 
-def run_modes(groups, args) -> dict[str, dict]:
+def run_modes(groups, args, keep: dict | None = None) -> dict[str, dict]:
+    """Replay every mode; `keep` (if given) receives each mode's ReplayStats by name."""
     per = draft_config(args, "per_request")
     grp = draft_config(args, "group")
     modes = {
@@ -103,8 +108,53 @@ def run_modes(groups, args) -> dict[str, dict]:
         modes["arctic"] = lambda g: ArcticDrafter(g, siblings=True, **kw)
     out = {}
     for name, make in modes.items():
-        out[name] = replay(groups, make, stagger=args.stagger, seed=args.seed).summary()
+        t0 = time.perf_counter()
+        stats = replay(groups, make, stagger=args.stagger, seed=args.seed)
+        out[name] = stats.summary()
+        print(f"  {name}: {stats.steps} steps in {time.perf_counter() - t0:.0f}s", flush=True)
+        if keep is not None:
+            keep[name] = stats
     return out
+
+
+def arctic_status(args) -> str | None:
+    """Why the arctic-inference columns are missing (None when they run)."""
+    if args.no_arctic:
+        return "skipped: --no-arctic"
+    if not ArcticDrafter.available():
+        return "skipped: arctic_inference is not installed (arctic_inference.suffix_decoding " \
+               "is not importable)"
+    return None
+
+
+def provenance(argv) -> dict:
+    """Command (file paths reduced to their names), commit and versions."""
+    import os
+    import platform
+    import subprocess
+
+    import numpy as np
+
+    def short(a: str) -> str:
+        return os.path.basename(a) if os.sep in a and os.path.exists(a) else a
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True,
+                                text=True, check=True).stdout.strip()
+        dirty = bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+                                    cwd=root, capture_output=True, text=True).stdout.strip())
+    except (OSError, subprocess.CalledProcessError):
+        commit, dirty = "unknown", None
+    versions = {"python": platform.python_version(), "numpy": np.__version__}
+    try:
+        import tokenizers
+
+        versions["tokenizers"] = tokenizers.__version__
+    except ImportError:
+        pass
+    return {"command": " ".join(["python benchmarks/drafting.py", *map(short, argv)]),
+            "commit": commit, "uncommitted_changes": dirty, "versions": versions}
 
 
 GROUP_MODES = ("group", "group_multipath")
@@ -151,12 +201,36 @@ def print_table(title: str, res: dict[str, dict]) -> None:
             f"{'-':>9}" if vals[r] is None else f"{vals[r]:>9.3f}" for r in rates))
 
 
+def print_calibration(cal: dict) -> None:
+    print("\n[per-position acceptance: P(position j accepted | positions < j were), over every "
+          "step (per_step) and over drafts offering position j (offered)]")
+    print(f"{'context':<22} {'steps':>8}  " + " ".join(f"{'j=' + str(j + 1):>6}"
+                                                   for j in range(cal["gamma_max"])))
+    rows = [("solo per_step", cal["solo"], "per_step"), ("solo offered", cal["solo"], "offered"),
+            ("group per_step", cal["group"], "per_step"),
+            ("group offered", cal["group"], "offered")]
+    gb = cal["group_by_finished"]
+    for (lo, hi), r in zip(gb["buckets"], gb["rates"], strict=True):
+        label = f"{lo}" if lo == hi else f"{lo}+" if hi is None else f"{lo}-{hi}"
+        rows.append((f"group, {label} finished", r, "per_step"))
+    for label, r, key in rows:
+        print(f"{label:<22} {r['steps']:>8}  " + " ".join(f"{x:>6.3f}" for x in r[key]))
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     src = ap.add_mutually_exclusive_group()
     src.add_argument("--rollouts", action="append", help="grouped rollouts JSONL (repeatable)")
     src.add_argument("--generate", help="prompt mixes to sample with SmolLM2, e.g. natural,structured")
     src.add_argument("--synthetic", default="natural,structured", help="synthetic mixes")
+    src.add_argument("--texts", help="response texts JSONL ({\"prompt\", \"responses\": [str]} "
+                     "per line), tokenized with SmolLM2's tokenizer; the report holds no text")
+    ap.add_argument("--max-tokens-per-response", type=int, default=0,
+                    help="--texts: keep only this many leading tokens of each response (0: all)")
+    ap.add_argument("--calibration-out", help="write the measured per-position acceptance "
+                    "(own context vs group context, by finished siblings) here, for "
+                    "seer-jax simulate --config.spec.calibration")
+    ap.add_argument("--no-tail", action="store_true", help="skip the modelled tail")
     ap.add_argument("--save-rollouts", help="write generated/synthetic rollouts here (one mix: "
                     "PATH; several: PATH gets -MIX before the suffix)")
     ap.add_argument("--num-groups", type=int, default=16)
@@ -190,9 +264,23 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", help="write the report here")
     args = ap.parse_args(argv)
+    prov = provenance(sys.argv[1:] if argv is None else argv)
 
     datasets: dict[str, list] = {}
-    if args.rollouts:
+    if args.texts:
+        import os
+
+        from seer_jax.analysis.drafting_replay import load_texts_jsonl
+        from seer_jax.model.hub import resolve_model
+        from seer_jax.model.tokenizer import Tokenizer
+
+        tok = Tokenizer.load(resolve_model("smollm2"))
+        datasets[os.path.basename(args.texts)] = load_texts_jsonl(
+            args.texts, tok, args.max_tokens_per_response)
+        if args.max_tokens_per_response:
+            print(f"responses capped at their first {args.max_tokens_per_response:,} tokens "
+                  "(--max-tokens-per-response)")
+    elif args.rollouts:
         for path in args.rollouts:
             datasets[path] = load_rollouts_jsonl(path)
     elif args.generate:
@@ -203,7 +291,7 @@ def main(argv=None) -> int:
         for mix in args.synthetic.split(","):
             datasets[f"synthetic-{mix}"] = synthetic_groups(
                 args.num_groups, args.group_size, args.response_len, mix=mix, seed=args.seed)
-    if args.save_rollouts and not args.rollouts:
+    if args.save_rollouts and not (args.rollouts or args.texts):
         for name, groups in datasets.items():
             path = args.save_rollouts
             if len(datasets) > 1:
@@ -212,21 +300,43 @@ def main(argv=None) -> int:
             save_rollouts_jsonl(path, groups)
             print(f"saved {path}")
 
-    report = {"config": vars(args), "datasets": {}}
+    config = dict(vars(args))
+    for key in ("texts", "rollouts", "profile", "json", "calibration_out", "save_rollouts"):
+        v = config.get(key)
+        if v:  # file names only: no local paths in a committed report
+            config[key] = ([pathlib.Path(x).name for x in v] if isinstance(v, list)
+                           else pathlib.Path(v).name)
+    report = {"provenance": prov, "config": config, "datasets": {}}
+    arctic = arctic_status(args)
+    if arctic:
+        report["arctic_inference"] = arctic
+        print(f"arctic-inference columns {arctic}")
+    calib_src = None
     for name, groups in datasets.items():
-        res = run_modes(groups, args)
+        kept: dict = {}
+        res = run_modes(groups, args, kept)
+        if calib_src is None:
+            calib_src = (name, groups, kept)
         bounds = run_bounds(groups, args)
-        budget = SpeculationBudget.from_profile_json(args.profile, BudgetConfig(gamma_max=args.gamma))
-        tail = simulate_tail(groups, budget, draft_config(args), tail_fraction=args.tail_fraction)
         n_tok = sum(len(r) for g in groups for r in g.responses)
         report["datasets"][name] = {"groups": len(groups), "responses": sum(len(g.responses) for g in groups),
-                                    "tokens": n_tok, "modes": res, "copy_bound": bounds,
-                                    "tail": tail}
+                                    "tokens": n_tok,
+                                    "prompt_tokens_mean": float(np.mean([len(g.prompt_ids)
+                                                                         for g in groups])),
+                                    "modes": res, "copy_bound": bounds}
+        if not args.no_tail:
+            budget = SpeculationBudget.from_profile_json(args.profile,
+                                                         BudgetConfig(gamma_max=args.gamma))
+            report["datasets"][name]["tail"] = simulate_tail(
+                groups, budget, draft_config(args), tail_fraction=args.tail_fraction)
         print_table(f"{name}: {len(groups)} groups, {n_tok} tokens", res)
         cb = {k: drafted_per_step(v) for k, v in bounds.items()}
         print(f"copy bound (best occurrence in hindsight, after the last {args.copy_match_len} "
               f"token(s)), accepted draft tokens/step: own context {cb['per_request']:.3f}, "
               f"group context {cb['group']:.3f} ({cb['group'] / max(cb['per_request'], 1e-9):.2f}x)")
+        if args.no_tail:
+            continue
+        tail = report["datasets"][name]["tail"]
         print(f"tail ({args.tail_fraction:.0%} of each response, all requests in one batch): "
               f"steps {tail['steps_spec']} vs {tail['steps_plain']} plain, modelled time "
               f"{tail['time_spec_s']:.3f}s vs {tail['time_plain_s']:.3f}s -> speedup "
@@ -238,7 +348,7 @@ def main(argv=None) -> int:
         s = {
             "accepted_per_spec": {k: v["accepted_per_spec"] for k, v in m.items()},
             "accepted_per_step": {k: v["accepted_per_step"] for k, v in m.items()},
-            "tail_speedup": d["tail"]["tail_speedup"],
+            "tail_speedup": d["tail"]["tail_speedup"] if "tail" in d else None,
         }
         # each side at its best: group chain or tree vs per-request chain or tree
         per_spec = s["accepted_per_spec"]
@@ -268,6 +378,24 @@ def main(argv=None) -> int:
               f"{s['best_group_accepted_per_spec_ratio_vs_per_request']:.2f}x "
               f"({s['best_group_accepted_per_spec_minus_per_request']:+.3f}), accepted draft "
               f"tokens/step {s['best_group_accepted_draft_per_step_ratio_vs_per_request']:.2f}x")
+    if args.calibration_out:
+        name, groups, kept = calib_src
+        solo, grp = kept["per_request"], kept["group"]
+        source = {"dataset": name, "groups": len(groups),
+                  "responses": sum(len(g.responses) for g in groups),
+                  "tokens": sum(len(r) for g in groups for r in g.responses),
+                  "tokenizer": "smollm2" if args.texts else None,
+                  "max_tokens_per_response": args.max_tokens_per_response or None,
+                  "solo_mode": "per_request (chains, own context)",
+                  "group_mode": "group (chains, group context)",
+                  "stagger": args.stagger, **prov}
+        cal = build_calibration((solo.depths, solo.accepts),
+                                (grp.depths, grp.accepts, grp.finished), args.gamma,
+                                source=source)
+        write_calibration(args.calibration_out, cal)
+        report["calibration"] = {k: cal[k] for k in ("solo", "group", "group_by_finished")}
+        print_calibration(cal)
+        print(f"wrote {args.calibration_out}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(report, f, indent=1)

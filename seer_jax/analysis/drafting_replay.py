@@ -62,6 +62,38 @@ def load_rollouts_jsonl(path: str | pathlib.Path) -> list[GroupRollout]:
     return out
 
 
+def load_texts_jsonl(path: str | pathlib.Path, tokenizer,
+                     max_tokens_per_response: int = 0) -> list[GroupRollout]:
+    """Group rollouts from response texts, one group per line: {"prompt_id", "prompt",
+    "responses": [str, ...]} (extra keys ignored). The prompt is rendered as a one-turn chat and
+    every response tokenized with `tokenizer` (no BOS); `max_tokens_per_response` > 0 keeps only
+    that many leading tokens of each response."""
+    path = pathlib.Path(path)
+    if not path.is_file():
+        raise InputError(f"texts file not found: {path}")
+    if max_tokens_per_response < 0:
+        raise InputError(f"max_tokens_per_response={max_tokens_per_response} must be >= 0")
+    out = []
+    for i, line in enumerate(path.read_text().splitlines()):
+        if not line.strip():
+            continue
+        try:
+            d = json.loads(line)
+            prompt, texts = str(d["prompt"]), [str(r) for r in d["responses"]]
+            gid = str(d.get("prompt_id", i))
+        except (json.JSONDecodeError, KeyError, TypeError) as e:
+            raise InputError(f"{path}:{i + 1}: expected {{'prompt', 'responses'}}: {e}") from None
+        prompt_ids = tokenizer.encode_chat([{"role": "user", "content": prompt}])
+        responses = tokenizer.encode_batch(texts, add_bos=False)
+        if max_tokens_per_response:
+            responses = [r[:max_tokens_per_response] for r in responses]
+        out.append(GroupRollout(gid, [int(t) for t in prompt_ids],
+                                [[int(t) for t in r] for r in responses if r]))
+    if not out:
+        raise InputError(f"texts file {path} has no groups")
+    return out
+
+
 def save_rollouts_jsonl(path: str | pathlib.Path, groups: Sequence[GroupRollout]) -> None:
     with open(path, "w") as f:
         for g in groups:
@@ -206,6 +238,10 @@ class ReplayStats:
     # draft) and the draft tokens accepted
     scores: list[float] = dataclasses.field(default_factory=list)
     accepts: list[int] = dataclasses.field(default_factory=list)
+    # per step: the draft's depth (0 without a draft) and how many of the request's siblings had
+    # finished their responses (the calibration of `seer_jax.drafting.calibration`)
+    depths: list[int] = dataclasses.field(default_factory=list)
+    finished: list[int] = dataclasses.field(default_factory=list)
 
     def accepted_per_spec_at_rates(self, rates: Sequence[float] = RATES) -> dict[str, float | None]:
         """Accepted draft tokens per speculation had the drafter speculated only on the `rate`
@@ -252,6 +288,7 @@ def replay_group(group: GroupRollout, drafter: GroupDrafter, stats: ReplayStats,
     clock = time.perf_counter
     for t in range(min(start), max(end) if end else 0):
         active = [i for i in range(n) if start[i] <= t < end[i]]
+        done = sum(1 for e in end if e <= t)  # finished responses (none of them active)
         t0 = clock()
         drafts = [drafter.speculate(i, contexts[i]) for i in active]
         t1 = clock()
@@ -263,6 +300,8 @@ def replay_group(group: GroupRollout, drafter: GroupDrafter, stats: ReplayStats,
             stats.steps_by_phase[phase] += 1
             stats.scores.append(float(d.probs.sum()) if len(d) else 0.0)
             stats.accepts.append(acc)
+            stats.depths.append(d.depth if len(d) else 0)
+            stats.finished.append(done)
             if len(d):
                 stats.specs += 1
                 stats.proposed += len(d)
