@@ -101,6 +101,13 @@ class AcceptanceStats:
         """Move β a fraction `rate` of the way back to `toward` (no observation this step)."""
         self.beta += rate * (toward - self.beta)
 
+    def set_reach(self, reach: Sequence[float]) -> None:
+        """Set β so that Π_{i≤j} β[i] = reach[j] (a non-increasing sequence in [0, 1]): the rates
+        of a model that predicts acceptance instead of observing it (the simulator's)."""
+        r = np.minimum(np.asarray(reach, np.float64)[: self.beta.size], 1.0)
+        prev = np.concatenate([[1.0], r[:-1]])
+        self.beta[: r.size] = np.divide(r, prev, out=np.zeros(r.size), where=prev > 0)
+
     def reach(self) -> np.ndarray:
         """float64 [γ_max]: P(position j accepted) = Π_{i≤j} β[i]."""
         return np.cumprod(self.beta)
@@ -241,15 +248,8 @@ class SpeculationBudget:
         req = np.concatenate(req_parts)
         node = np.concatenate(node_parts)
         benefit = np.concatenate(benefit_parts)
-        # Highest benefit first; ties: lower request, then lower node index (parents first).
-        order = np.lexsort((node, req, -benefit))
-        req_sorted = req[order]
-        # rank of each candidate within its request (in benefit order)
-        by_req = np.argsort(req_sorted, kind="stable")
-        starts = np.searchsorted(req_sorted[by_req], req_sorted[by_req], side="left")
-        rank = np.empty_like(by_req)
-        rank[by_req] = np.arange(by_req.size) - starts
-        chosen = order[rank < plan.max_nodes_per_request][: plan.total_tokens]
+        chosen = _most_beneficial(req, node, benefit, plan.max_nodes_per_request,
+                                  plan.total_tokens)
         keep = [None if dep is None else np.zeros(dep.size, bool) for dep in depths]
         for r, i in zip(req[chosen].tolist(), node[chosen].tolist(), strict=True):
             keep[r][i] = True
@@ -260,6 +260,46 @@ class SpeculationBudget:
             else:
                 out.append(d.select(_close_under_parents(d.parents, k)))
         return out
+
+
+    def allocate_expected(self, reach: np.ndarray, priorities: Sequence[int] | None = None,
+                          plan: BudgetPlan | None = None) -> np.ndarray:
+        """`allocate` for a model of drafting instead of drafts: request r's chain accepts
+        position j with probability reach[r, j-1] (non-increasing along j), so its benefit is
+        w_r · reach[r, j-1] (the p_r(node) · Π β of a real draft). Returns int64 [B]: how many
+        chain positions each request gets (a prefix of its chain), by the same greedy rule,
+        ≤ max_depth per request and plan.total_tokens in all."""
+        reach = np.asarray(reach, np.float64)
+        b, g = reach.shape
+        if plan is None:
+            plan = self.plan(b)
+        if not plan.enabled or g == 0:
+            return np.zeros(b, np.int64)
+        g = min(g, plan.max_depth)
+        w = self.weights([0] * b if priorities is None else priorities)
+        req = np.repeat(np.arange(b, dtype=np.int64), g)
+        node = np.tile(np.arange(g, dtype=np.int64), b)
+        benefit = (reach[:, :g] * w[:, None]).reshape(-1)
+        chosen = _most_beneficial(req, node, benefit, plan.max_nodes_per_request,
+                                  plan.total_tokens)
+        keep = np.zeros(b * g, bool)
+        keep[chosen] = True
+        # a prefix per request: position j only with every position before it (ties)
+        return np.cumprod(keep.reshape(b, g), axis=1).sum(axis=1).astype(np.int64)
+
+
+def _most_beneficial(req: np.ndarray, node: np.ndarray, benefit: np.ndarray,
+                     max_per_request: int, total: int) -> np.ndarray:
+    """Indices of the `total` highest-benefit candidates, ≤ max_per_request per request.
+    Ties: lower request, then lower node index (parents first)."""
+    order = np.lexsort((node, req, -benefit))
+    req_sorted = req[order]
+    # rank of each candidate within its request (in benefit order)
+    by_req = np.argsort(req_sorted, kind="stable")
+    starts = np.searchsorted(req_sorted[by_req], req_sorted[by_req], side="left")
+    rank = np.empty_like(by_req)
+    rank[by_req] = np.arange(by_req.size) - starts
+    return order[rank < max_per_request][:total]
 
 
 def _close_under_parents(parents: np.ndarray, keep: np.ndarray) -> np.ndarray:

@@ -99,6 +99,9 @@ def default_config() -> ml_collections.ConfigDict:
     s.gamma_max = 8
     s.priority_weight = 2.0  # lambda of the high-priority class in the budget
     s.draft_overhead_ms = 0.2  # host-side drafting per step
+    # A measured calibration (`benchmarks/drafting.py --calibration-out FILE`): its per-position
+    # rates, by how many siblings have finished, replace acceptance / solo_acceptance.
+    s.calibration = ""
 
     sw = c.sweep = ml_collections.ConfigDict()
     sw.iccs = [0.0, 0.3, 0.6, 0.9]
@@ -195,6 +198,10 @@ def validate_config(cfg: ml_collections.ConfigDict, catalog: PolicyCatalog = CAT
     _check("spec.gamma_max", s.gamma_max, 0 <= s.gamma_max <= 64, "in [0, 64]")
     _check("spec.priority_weight", s.priority_weight, s.priority_weight > 0, "> 0")
     _check("spec.draft_overhead_ms", s.draft_overhead_ms, s.draft_overhead_ms >= 0, ">= 0")
+    if s.get("calibration"):
+        from seer_jax.drafting.calibration import SpecCalibration
+
+        SpecCalibration.load(s.calibration)  # a ConfigError names spec.calibration
 
     sw = cfg.sweep
     _check("sweep.iccs", list(sw.iccs), len(sw.iccs) >= 1 and all(0 <= x <= 1 for x in sw.iccs),
@@ -429,12 +436,18 @@ def spec_model(cfg: ml_collections.ConfigDict):
     from seer_jax.sim.spec_instance import SpecModel
 
     s = cfg.spec
+    calibration = None
+    if s.get("calibration"):
+        from seer_jax.drafting.calibration import SpecCalibration
+
+        calibration = SpecCalibration.load(s.calibration)
     return SpecModel(
         acceptance=tuple(float(x) for x in s.acceptance),
         solo_acceptance=tuple(float(x) for x in s.solo_acceptance),
         gamma_max=int(s.gamma_max),
         priority_weight=float(s.priority_weight),
         draft_overhead_s=float(s.draft_overhead_ms) * 1e-3,
+        calibration=calibration,
     )
 
 

@@ -12,15 +12,19 @@ preemption, prefix caching, pool export/import and chunk-end rules) and adds:
   one-iteration step of the base class runs, with its preemption). `macro_steps` bounds how late
   a chunk submitted to this instance by another instance's event can start (the driver delivers
   events in time order, but an instance already advanced past that time starts it at its clock).
-- **Speculative decoding with an acceptance model**. Per-position conditional
-  acceptance rates interpolate between `solo_acceptance` (a request drafting from its own text)
-  and `acceptance` (the group's context is rich) by the share of the request's siblings that
-  have already generated past its position (`GroupProgress`, shared by all instances: the
-  grouped draft server's view). Each macro step runs the adaptive budget of the paper's Alg. 1:
-  γ* = argmax over uniform γ of expected tokens per second (B + Σ_s Σ_{j≤γ} c_s[j]) / T(B, γ)
-  (c_s[j] = product of the first j rates), total budget Γ = γ*·B handed out greedily by marginal
-  acceptance (weighted by `priority_weight` for probe chunks), no speculation when γ* = 0.
-  Progress per iteration is the expected accepted length (deterministic, fractional carry).
+- **Speculative decoding with an acceptance model.** Per-position conditional acceptance rates
+  come either from assumed numbers, interpolating between `solo_acceptance` (a request drafting
+  from its own text) and `acceptance` (the group's context is rich) by the share of the
+  request's siblings that have already generated past its position, or from a measured
+  calibration (`seer_jax.drafting.calibration`: the group drafter's rates by how many of the
+  request's siblings have finished; the own-context rates for groups of one). `GroupProgress`,
+  shared by all instances, is the grouped draft server's view of the group. Each macro step
+  runs the adaptive budget of `seer_jax.drafting.budget.SpeculationBudget` (the paper's Alg. 1,
+  the same code the engine uses): β = the batch's mean reach c[j] = mean_s Π_{i≤j} rate_s[i],
+  γ* = argmin_γ T(B, γ) / (1 + E(γ)) (equivalently argmax (B + Σ_s Σ_{j≤γ} c_s[j]) / T(B, γ)),
+  off when γ* = 0, total budget Γ = γ*·B handed out greedily by marginal benefit
+  `priority_weight`·c_s[j] (`allocate_expected`); chains only (no trees). Progress per iteration
+  is the expected accepted length (deterministic, fractional carry).
 - Cheap outputs: tokens are a constant pseudo token (EOS last), logprobs 0.0, so a 100M-token
   rollout fits in memory. (The base class's per-position pseudo tokens remain available with
   `cheap_tokens=False`.)
@@ -35,6 +39,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from seer_jax.drafting.budget import BudgetConfig, SpeculationBudget
+from seer_jax.drafting.calibration import SpecCalibration, bucket_of
 from seer_jax.rollout.types import ChunkResult, StepReport
 from seer_jax.sim.instance import (
     EOS_TOKEN_ID,
@@ -54,6 +60,8 @@ class SpecModel:
     gamma_max: int = 8
     priority_weight: float = 2.0
     draft_overhead_s: float = 2e-4
+    # measured rates (replace acceptance / solo_acceptance when set)
+    calibration: SpecCalibration | None = None
 
     def rates(self, which: Sequence[float]) -> np.ndarray:
         """Per-position rates padded (last value repeated) to gamma_max."""
@@ -70,9 +78,18 @@ class GroupProgress:
     def __init__(self, group_size: int):
         self.group_size = group_size
         self.known: dict[str, dict[str, int]] = {}
+        self.done: dict[str, set[str]] = {}
 
-    def update(self, group_id: str, request_id: str, generated: int) -> None:
+    def update(self, group_id: str, request_id: str, generated: int,
+               finished: bool = False) -> None:
         self.known.setdefault(group_id, {})[request_id] = generated
+        if finished:
+            self.done.setdefault(group_id, set()).add(request_id)
+
+    def finished_siblings(self, group_id: str, request_id: str) -> int:
+        """How many of the other responses of the group have finished."""
+        d = self.done.get(group_id)
+        return len(d) - (request_id in d) if d else 0
 
     def siblings_ahead(self, group_id: str, request_id: str, position: int) -> float:
         """Share of the other G-1 responses whose known text extends past `position`."""
@@ -115,8 +132,16 @@ class FastSimInstance(SimulatedInstance):
         self.tl_end = array.array("d")
         self.tl_batch = array.array("d")
         if spec is not None:
-            self._acc = spec.rates(spec.acceptance)
-            self._solo = spec.rates(spec.solo_acceptance)
+            cal = spec.calibration
+            self._acc = spec.rates(cal.group if cal else spec.acceptance)
+            self._solo = spec.rates(cal.solo if cal else spec.solo_acceptance)
+            self._by_finished = (np.stack([spec.rates(r) for r in cal.by_finished]) if cal
+                                 else None)
+            self._spec_kv = 0
+            self._budget = SpeculationBudget(
+                self._spec_step_time,
+                BudgetConfig(gamma_max=max(1, spec.gamma_max),
+                             priority_weight=spec.priority_weight, max_width=1))
 
     # ---- Instance protocol -------------------------------------------------------------------
     def resident_tokens(self, request_id: str, group_id: str) -> int:
@@ -264,48 +289,50 @@ class FastSimInstance(SimulatedInstance):
         if self.spec is None or self.spec.gamma_max == 0:
             return np.zeros(b, dtype=np.int64), np.ones(b)
         sp = self.spec
-        if self.progress is not None:
-            w = np.fromiter(
-                (self.progress.siblings_ahead(s.chunk.group_id, s.chunk.request_id, s.generated)
-                 for s in run),
-                dtype=np.float64, count=b,
-            )
+        if self._by_finished is not None:  # measured rates by finished siblings
+            if self.progress is None or self.progress.group_size <= 1:
+                beta = np.broadcast_to(self._solo, (b, sp.gamma_max))
+            else:
+                cal = sp.calibration
+                idx = np.fromiter(
+                    (bucket_of(self.progress.finished_siblings(s.chunk.group_id,
+                                                               s.chunk.request_id), cal.buckets)
+                     for s in run), dtype=np.int64, count=b)
+                beta = self._by_finished[idx]
         else:
-            w = np.zeros(b)
-        beta = self._solo[None, :] + (self._acc - self._solo)[None, :] * w[:, None]  # [b, g]
+            if self.progress is not None:
+                w = np.fromiter(
+                    (self.progress.siblings_ahead(s.chunk.group_id, s.chunk.request_id,
+                                                  s.generated) for s in run),
+                    dtype=np.float64, count=b,
+                )
+            else:
+                w = np.zeros(b)
+            beta = self._solo[None, :] + (self._acc - self._solo)[None, :] * w[:, None]
         c = np.cumprod(beta, axis=1)  # [b, g]: P(first j drafts all accepted)
-        kv = int(ctx.sum())
-        csum = np.concatenate([[0.0], c.sum(axis=0).cumsum()])  # uniform-γ expected extra tokens
-        best_g, best_tput = 0, b / self.step_time(b, 0, b, kv)
-        for g in range(1, sp.gamma_max + 1):
-            t = self.step_time(b, 0, b * (1 + g), kv) + sp.draft_overhead_s
-            tput = (b + csum[g]) / t
-            if tput > best_tput * (1 + 1e-9):
-                best_g, best_tput = g, tput
-        if best_g == 0:
+        # the adaptive budget (seer_jax.drafting.budget): β from the batch's mean reach
+        self._spec_kv = int(ctx.sum())
+        budget = self._budget
+        budget.stats.set_reach(c.mean(axis=0))
+        plan = budget.plan(b, relax=False)
+        if not plan.enabled:
             return np.zeros(b, dtype=np.int64), np.ones(b)
-        budget = best_g * b
-        lam = np.fromiter((sp.priority_weight if s.chunk.priority else 1.0 for s in run),
-                          dtype=np.float64, count=b)
-        value = (c * lam[:, None]).reshape(-1)
-        if budget >= value.size:
-            take = np.ones(value.size, dtype=bool)
-        else:
-            idx = np.argpartition(-value, budget - 1)[:budget]
-            take = np.zeros(value.size, dtype=bool)
-            take[idx] = True
-        take = take.reshape(b, sp.gamma_max)
-        # a row's drafts form a prefix (values decrease along a row); count them
-        gam = take.sum(axis=1)
+        gam = budget.allocate_expected(c, [s.chunk.priority for s in run], plan)
         cpad = np.concatenate([np.zeros((b, 1)), np.cumsum(c, axis=1)], axis=1)
         rate = 1.0 + cpad[np.arange(b), gam]
         return gam.astype(np.int64), rate
+
+    def _spec_step_time(self, batch_size: int, gamma: int) -> float:
+        """T(B, γ) for the budget: B sequences verifying γ draft tokens each (+ drafting)."""
+        t = self.step_time(batch_size, 0, batch_size * (1 + gamma), self._spec_kv)
+        return t + self.spec.draft_overhead_s if gamma else t
 
     # ---- outputs -----------------------------------------------------------------------------
     def _end_chunk(self, s: _Seq) -> ChunkResult:
         c = s.chunk
         if self.progress is not None:
-            self.progress.update(c.group_id, c.request_id, s.generated)
+            self.progress.update(c.group_id, c.request_id, s.generated,
+                                 finished=s.generated >= min(s.true_len, c.original_max_tokens))
         if not self.cheap_tokens:
             res = super()._end_chunk(s)
         else:

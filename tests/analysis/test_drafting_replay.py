@@ -6,6 +6,7 @@ import importlib.util
 import json
 import pathlib
 
+import numpy as np
 import pytest
 
 from seer_jax.analysis.drafting_replay import (
@@ -15,6 +16,7 @@ from seer_jax.analysis.drafting_replay import (
     OursDrafter,
     ReplayStats,
     load_rollouts_jsonl,
+    load_texts_jsonl,
     replay,
     replay_group,
     save_rollouts_jsonl,
@@ -22,6 +24,12 @@ from seer_jax.analysis.drafting_replay import (
 )
 from seer_jax.analysis.synthetic_text import synthetic_groups
 from seer_jax.drafting import BudgetConfig, DraftConfig, SpeculationBudget
+from seer_jax.drafting.calibration import (
+    SpecCalibration,
+    build_calibration,
+    position_rates,
+    write_calibration,
+)
 from seer_jax.errors import InputError
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -173,3 +181,89 @@ def test_benchmark_script_writes_summary(tmp_path):
     assert step["per_request_multipath"] - 1 <= cb["per_request"]
     assert set(rep["summary"]["best_group_accepted_per_spec_ratio_vs_per_request_at_rate"]) == {
         "0.1", "0.2", "0.3", "0.5"}
+
+
+class _CharTokenizer:
+    """Stands in for a real tokenizer: one token per character."""
+
+    def encode_chat(self, messages):
+        return [1] + [ord(ch) for ch in messages[0]["content"]]
+
+    def encode_batch(self, texts, add_bos=False):
+        return [[ord(ch) for ch in t] for t in texts]
+
+
+def test_texts_jsonl_tokenizes_prompt_and_responses_with_a_cap(tmp_path):
+    p = tmp_path / "t.jsonl"
+    p.write_text(json.dumps({"prompt_id": "q0", "prompt": "ab", "responses": ["xyz", "xy"],
+                             "token_counts": [3, 2]}) + "\n")
+    (g,) = load_texts_jsonl(p, _CharTokenizer())
+    assert g.group_id == "q0" and g.prompt_ids == [1, 97, 98]
+    assert g.responses == [[120, 121, 122], [120, 121]]
+    (g,) = load_texts_jsonl(p, _CharTokenizer(), max_tokens_per_response=2)
+    assert g.responses == [[120, 121], [120, 121]]
+    (tmp_path / "bad.jsonl").write_text('{"responses": ["x"]}\n')
+    with pytest.raises(InputError, match="bad.jsonl:1"):
+        load_texts_jsonl(tmp_path / "bad.jsonl", _CharTokenizer())
+    with pytest.raises(InputError, match="not found"):
+        load_texts_jsonl(tmp_path / "missing.jsonl", _CharTokenizer())
+
+
+def test_position_rates_offered_and_per_step():
+    # steps: no draft; depth 2 with 2 accepted; depth 3 with 1 accepted; depth 1 with 0 accepted
+    r = position_rates([0, 2, 3, 1], [0, 2, 1, 0], gamma_max=3)
+    assert r["steps"] == 4
+    # offered: position 1 tried by 3 drafts (2 accepted), position 2 by 2 (1 accepted),
+    # position 3 by none (the depth-3 draft stopped at position 2)
+    assert r["tried"] == [3, 2, 0]
+    assert r["offered"] == pytest.approx([2 / 3, 1 / 2, 0.0])
+    # per step: P(acc >= 1) = 2/4, P(acc >= 2 | acc >= 1) = 1/2, P(acc >= 3 | acc >= 2) = 0
+    assert r["per_step"] == pytest.approx([0.5, 0.5, 0.0])
+    # the cumulative product of per-step rates is accepted draft tokens per step
+    assert float(np.cumprod(r["per_step"]).sum()) == pytest.approx((0 + 2 + 1 + 0) / 4)
+
+
+def test_calibration_round_trip_from_a_replay(tmp_path):
+    groups = synthetic_groups(3, 6, 80, mix="structured", seed=1)
+    # uneven lengths, so siblings finish at different steps
+    for g in groups:
+        g.responses = [r[: 40 + 8 * i] for i, r in enumerate(g.responses)]
+    solo = replay(groups, OursDrafter.factory(DraftConfig(mode="per_request"), 8, 8))
+    grp = replay(groups, OursDrafter.factory(DraftConfig(mode="group"), 8, 8))
+    assert max(grp.finished) >= 3 and min(grp.finished) == 0
+    cal = build_calibration((solo.depths, solo.accepts), (grp.depths, grp.accepts, grp.finished),
+                            gamma_max=8, source={"dataset": "synthetic"})
+    # per step, the cumulative product is the replay's accepted draft tokens per step
+    for stats, rates in ((solo, cal["solo"]), (grp, cal["group"])):
+        assert float(np.cumprod(rates["per_step"]).sum()) == pytest.approx(
+            stats.accepted / stats.steps, rel=1e-4)
+    by = cal["group_by_finished"]
+    assert by["buckets"] == [[0, 0], [1, 2], [3, 5], [6, None]]
+    assert sum(r["steps"] for r in by["rates"]) == grp.steps
+    assert by["rates"][3].get("empty") and by["rates"][3]["per_step"] == cal["group"]["per_step"]
+    path = tmp_path / "cal.json"
+    write_calibration(path, cal)
+    loaded = SpecCalibration.load(path)
+    assert loaded.gamma_max == 8
+    assert loaded.solo == pytest.approx(cal["solo"]["per_step"], abs=1e-6)
+    assert loaded.group == pytest.approx(cal["group"]["per_step"], abs=1e-6)
+    assert loaded.rates_for(0) == pytest.approx(by["rates"][0]["per_step"], abs=1e-6)
+    assert loaded.rates_for(2) == pytest.approx(by["rates"][1]["per_step"], abs=1e-6)
+    assert loaded.rates_for(9) == pytest.approx(by["rates"][3]["per_step"], abs=1e-6)
+
+
+def test_benchmark_writes_calibration(tmp_path):
+    spec = importlib.util.spec_from_file_location("bench_drafting", ROOT / "benchmarks/drafting.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    rollouts = tmp_path / "r.jsonl"
+    save_rollouts_jsonl(rollouts, synthetic_groups(2, 4, 50, mix="structured", seed=0))
+    out, cal = tmp_path / "report.json", tmp_path / "cal.json"
+    assert mod.main(["--rollouts", str(rollouts), "--json", str(out), "--no-arctic",
+                     "--no-tail", "--calibration-out", str(cal)]) == 0
+    rep = json.loads(out.read_text())
+    assert rep["config"]["rollouts"] == ["r.jsonl"]  # names, not local paths
+    assert rep["arctic_inference"] == "skipped: --no-arctic"
+    assert {"command", "commit", "versions"} <= set(rep["provenance"])
+    loaded = SpecCalibration.load(cal)
+    assert loaded.group == pytest.approx(rep["calibration"]["group"]["per_step"], abs=1e-6)

@@ -263,3 +263,43 @@ def test_a_budget_without_a_profile_is_timed_by_the_model_its_engine_serves():
     eng = Engine(cfg, init_params(cfg, 0), EngineConfig(num_pages=16, page_size=8, speculation=True))
     want = default_step_time(eng.spec.budget.config, cfg.cost_spec())
     assert eng.spec.budget.step_time(8, 2) == pytest.approx(want(8, 2))
+
+
+# -- the expected-value allocation (the simulator's model of drafting) ----------------------------
+
+
+def test_set_reach_gives_the_reach_back():
+    s = AcceptanceStats(4)
+    s.set_reach([0.8, 0.4, 0.2, 0.0])
+    assert s.beta.tolist() == pytest.approx([0.8, 0.5, 0.5, 0.0])
+    assert s.reach().tolist() == pytest.approx([0.8, 0.4, 0.2, 0.0])
+    s.set_reach([0.0, 0.0, 0.0, 0.0])  # nothing reached: later positions are 0, not NaN
+    assert s.beta.tolist() == [0.0, 0.0, 0.0, 0.0]
+
+
+def test_allocate_expected_matches_greedy_marginal_benefit():
+    rng = np.random.default_rng(0)
+    b = budget(gamma_max=6, max_width=1)
+    for _ in range(20):
+        n = int(rng.integers(1, 12))
+        beta = rng.uniform(0.1, 0.95, size=(n, 6))
+        reach = np.cumprod(beta, axis=1)
+        prio = rng.integers(0, 2, size=n).tolist()
+        total = int(rng.integers(n, 6 * n + 1))
+        plan = BudgetPlan(n, max(1, total // n), total, 1, 6, 6)
+        got = b.allocate_expected(reach, prio, plan)
+        w = np.where(np.asarray(prio) > 0, b.config.priority_weight, 1.0)
+        vals = sorted(((w[r] * reach[r, j], r, j) for r in range(n) for j in range(6)),
+                      key=lambda x: -x[0])[:total]
+        want = np.zeros(n, np.int64)
+        for _, r, _ in vals:
+            want[r] += 1
+        assert got.tolist() == want.tolist()
+        assert got.sum() == min(total, 6 * n)
+
+
+def test_allocate_expected_off_and_depth_cap():
+    b = budget(gamma_max=4, max_width=1)
+    reach = np.cumprod(np.full((3, 4), 0.9), axis=1)
+    assert b.allocate_expected(reach, None, BudgetPlan(3, 0, 0, 1, 0, 0)).tolist() == [0, 0, 0]
+    assert b.allocate_expected(reach, None, BudgetPlan(3, 2, 6, 1, 2, 2)).tolist() == [2, 2, 2]

@@ -214,3 +214,67 @@ def test_prompt_oracle_needs_a_synthetic_workload(tmp_path):
     c2 = _cfg("--config.workload.num_prompts=6", f"--config.workload.trace_path={trace}")
     with pytest.raises(ConfigError, match="seer_prompt_oracle.*only a synthetic simulator workload"):
         simulate(c2, "seer_prompt_oracle")
+
+
+def _write_calibration(path, solo, group, by_finished,
+                       buckets=((0, 0), (1, 2), (3, 5), (6, None))):
+    from seer_jax.drafting.calibration import FORMAT
+
+    def rates(r):
+        return {"offered": list(r), "per_step": list(r), "steps": 1, "tried": [1] * len(r)}
+
+    path.write_text(json.dumps({
+        "format": FORMAT, "gamma_max": len(group), "solo": rates(solo), "group": rates(group),
+        "group_by_finished": {"buckets": [list(b) for b in buckets],
+                              "rates": [rates(r) for r in by_finished]},
+        "source": {}}))
+    return str(path)
+
+
+def test_calibration_file_replaces_the_assumed_rates(tmp_path):
+    hi = [0.9, 0.8, 0.8, 0.7]
+    f = _write_calibration(tmp_path / "cal.json", [0.0], hi, [hi, hi, hi, hi])
+    c = _cfg("--config.workload.num_prompts=12", f"--config.spec.calibration={f}")
+    m = sim.spec_model(c)
+    assert m.calibration.group == tuple(hi) and m.calibration.rates_for(4) == tuple(hi)
+    plain = simulate(c, "seer")
+    assumed = simulate(_cfg("--config.workload.num_prompts=12"), "seer", speculation=True)
+    cal = simulate(c, "seer", speculation=True)
+    assert cal.report.output_tokens == plain.report.output_tokens
+    assert cal.report.tokens_per_s > assumed.report.tokens_per_s > plain.report.tokens_per_s
+    # the simulated acceptance follows the file's rates (positions past 4 repeat 0.7), above
+    # the assumed ones
+    assert cal.report.spec_acceptance > assumed.report.spec_acceptance
+    # nothing accepted before a sibling has finished, then everything: speculation only starts
+    # once siblings finish (later, fewer requests), so less gain than accepting from the start
+    f2 = _write_calibration(tmp_path / "late.json", [0.0], hi,
+                            [[0.0], [1.0], [1.0], [1.0]])
+    late = simulate(_cfg("--config.workload.num_prompts=12", f"--config.spec.calibration={f2}"),
+                    "seer", speculation=True)
+    f3 = _write_calibration(tmp_path / "early.json", [0.0], hi, [[1.0]] * 4)
+    early = simulate(_cfg("--config.workload.num_prompts=12", f"--config.spec.calibration={f3}"),
+                     "seer", speculation=True)
+    assert plain.report.tokens_per_s < late.report.tokens_per_s < early.report.tokens_per_s
+    # every draft rejected: no speculation at all, the plain run
+    f0 = _write_calibration(tmp_path / "zero.json", [0.0], [0.0], [[0.0]] * 4)
+    none = simulate(_cfg("--config.workload.num_prompts=12", f"--config.spec.calibration={f0}"),
+                    "seer", speculation=True)
+    assert none.report.spec_acceptance is None
+    assert none.report.makespan_s == pytest.approx(plain.report.makespan_s, rel=1e-9)
+
+
+def test_bad_calibration_files_name_the_key(tmp_path):
+    def check(path, match):
+        c = load_config_file(SMALL, [f"--config.spec.calibration={path}"])
+        with pytest.raises(ConfigError, match=match):
+            validate_config(c)
+
+    check(tmp_path / "missing.json", r"spec\.calibration=.*missing\.json.*no such file")
+    (tmp_path / "junk.json").write_text("{not json")
+    check(tmp_path / "junk.json", r"spec\.calibration=.*not a JSON file")
+    (tmp_path / "other.json").write_text('{"rates": [0.5]}')
+    check(tmp_path / "other.json", r"spec\.calibration=.*not a calibration file")
+    f = _write_calibration(tmp_path / "range.json", [0.5], [1.5], [[0.5]] * 4)
+    check(f, r"spec\.calibration=.*group\.per_step must be a non-empty list of rates in \[0, 1\]")
+    f = _write_calibration(tmp_path / "buckets.json", [0.5], [0.5], [[0.5]] * 3)
+    check(f, r"spec\.calibration=.*as many rates as buckets")
