@@ -19,10 +19,17 @@
     so the comparison is steps and modelled time to finish.
 
 Rollouts: --rollouts FILE.jsonl ({"group_id", "prompt_ids", "responses"} per line), or
+--texts FILE.jsonl ({"prompt", "responses": [str, ...]} per line, tokenized with SmolLM2's
+tokenizer; --max-tokens-per-response caps each response), or
 --generate (SmolLM2-135M-Instruct at temperature 1.0 on the built-in prompt mixes, slow on CPU;
 --save-rollouts keeps them), or --synthetic MIX[,MIX] (a template/Markov source, default).
 
+--calibration-out FILE writes the per-position acceptance of the chain modes (own context vs
+group context, by finished siblings; seer_jax.drafting.calibration) for
+`seer-jax simulate --config.spec.calibration=FILE`.
+
   python benchmarks/drafting.py --synthetic natural,structured --json /tmp/drafting.json
+  python benchmarks/drafting.py --texts TEXTS.jsonl --json report.json --calibration-out cal.json
   python benchmarks/drafting.py --generate natural --num-groups 16 --response-len 256 \\
       --save-rollouts /tmp/natural.jsonl --json /tmp/drafting_natural.json
 """
