@@ -2,7 +2,7 @@
 256 H800 GPUs, one instance per GPU (data-parallel attention, routed experts sharded over all
 256 GPUs: expert_parallel=256)."""
 
-from seer_jax.sim.simulator import default_config, preset_workload_fields
+from seer_jax.sim.config import default_config, preset_workload_fields
 
 
 def get_config():

@@ -4,7 +4,7 @@
     seer-jax simulate --config configs/sim/moonlight.py [--ablation] [--plots DIR] [--json PATH]
 """
 
-from seer_jax.sim.simulator import default_config, preset_workload_fields
+from seer_jax.sim.config import default_config, preset_workload_fields
 
 
 def get_config():

@@ -1,7 +1,7 @@
 """Qwen2-VL-72B-shaped rollout iteration (Seer paper): 600 prompts x G=16, max 40,960 tokens,
 32 instances of 8 x H800 (dense 72B, GQA KV sharded over TP=8)."""
 
-from seer_jax.sim.simulator import default_config, preset_workload_fields
+from seer_jax.sim.config import default_config, preset_workload_fields
 
 
 def get_config():

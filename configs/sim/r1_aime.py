@@ -9,7 +9,7 @@ on 32 instances of 8 x H800 as in configs/sim/moonlight.py. max_tokens is the tr
 
 import pathlib
 
-from seer_jax.sim.simulator import default_config
+from seer_jax.sim.config import default_config
 
 TRACE = pathlib.Path(__file__).resolve().parents[2] / "benchmarks/data/r1_aime_lengths.jsonl"
 TRACE_MAX_TOKENS = 16000  # the trace's cap (its "max_tokens" field)

@@ -1,7 +1,7 @@
 """A small, fast preset for tests and quick looks: 32 prompts x G=8, max 4,096 tokens,
 4 instances of one H100 running Llama-3-8B."""
 
-from seer_jax.sim.simulator import default_config
+from seer_jax.sim.config import default_config
 
 
 def get_config():
