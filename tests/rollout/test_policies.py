@@ -197,6 +197,109 @@ def test_seer_without_guard_is_strict_lfs():
     assert p.pop() is a
 
 
+def first_finisher(groups, **options):
+    return bound("seer", groups, estimator="first_finisher", **options)
+
+
+def test_seer_default_is_first_finisher_without_probes():
+    groups = make_groups(2, 2)
+    p = make_policy("seer")
+    p.bind(groups, {})
+    assert p.estimator == "first_finisher" and p.starvation_pops == 0
+    assert not any(r.is_probe for g in groups for r in g.requests)
+    for g in groups:
+        for r in g.requests:
+            p.push(r)
+    # nothing known: first-come-first-served, all at priority 0
+    assert [p.priority(r) for g in groups for r in g.requests] == [0] * 4
+    assert drain(p) == ["g0/0", "g0/1", "g1/0", "g1/1"]
+
+
+def test_first_finisher_known_long_and_unknown_outrank_fresh_known_short():
+    # N = 9 requests, defer = 1.0: a deferred request moves back 9 places
+    groups = make_groups(3, 3)
+    p = first_finisher(groups, defer=1.0)
+    a, b = p.pop(), p.pop()  # g0/0, g0/1
+    c = p.pop()  # g0/2
+    run_chunk(p, a, 50, finished=True)  # g0's first finisher: 50 < 0.1875 * MAX -> short
+    d = p.pop()  # g1/0
+    run_chunk(p, d, 600, finished=True)  # g1's first finisher is long: g1 is never deferred
+    # b, c come back after a chunk of 40 tokens each (<= 2 x 50: still deferred)
+    run_chunk(p, b, 40, finished=False)
+    run_chunk(p, c, 40, finished=False)
+    assert p.deferred(b) and p.deferred(c)
+    assert not any(p.deferred(r) for r in groups[1].requests + groups[2].requests)
+    # g1 (known long) and g2 (unknown) requests first in enqueue order, then g0's deferred ones
+    assert drain(p) == ["g1/1", "g1/2", "g2/0", "g2/1", "g2/2", "g0/1", "g0/2"]
+
+
+def test_first_finisher_never_defers_a_request_past_twice_the_shortest():
+    # the guarantee: once a request has generated more than 2 x its group's shortest finished
+    # length it is placed like any request of an unknown group (enqueue order + progress only)
+    groups = make_groups(2, 3)
+    p = first_finisher(groups, defer=1.0)
+    a, b, c = p.pop(), p.pop(), p.pop()  # g0/0, g0/1, g0/2
+    run_chunk(p, a, 50, finished=True)  # g0 short (50)
+    run_chunk(p, b, 100, finished=False)  # 100 = 2 x 50: still deferred
+    run_chunk(p, c, 101, finished=False)  # 101 > 2 x 50: the lone long sibling
+    assert p.deferred(b) and not p.deferred(c)
+    n = len(p.requests)
+    assert p.place(c) == c.enqueue_seq + n * 101 / (2 * MAX)
+    assert p.place(b) == b.enqueue_seq + n * 100 / (2 * MAX) + 1.0 * n
+    # c re-entered the buffer after g1's fresh requests and is behind them, b is behind all
+    assert drain(p) == ["g1/0", "g1/1", "g1/2", "g0/2", "g0/1"]
+
+
+def test_first_finisher_ties_go_to_the_lower_enqueue_number():
+    # N = 4, defer = 0.5: g0/1 (enqueued 2nd) deferred by 2 places ties with g1/1 (enqueued 4th)
+    groups = make_groups(2, 2)
+    p = first_finisher(groups, defer=0.5)
+    a = p.pop()  # g0/0
+    run_chunk(p, a, 10, finished=True)
+    b0, b1 = groups[0].requests[1], groups[1].requests[1]
+    assert p.place(b0) == p.place(b1) == 4.0
+    assert drain(p) == ["g1/0", "g0/1", "g1/1"]
+
+
+def test_first_finisher_progress_lets_fresher_requests_pass():
+    # a request that has generated more is placed N * generated / (2 * max_tokens) further back
+    groups = make_groups(1, 4)
+    p = first_finisher(groups)
+    r = p.pop()  # g0/0, enqueue 1
+    run_chunk(p, r, MAX // 2, finished=False)  # back in line at 5 + 4 * 0.25 = 6
+    assert p.place(r) == 5 + 1.0
+    assert drain(p) == ["g0/1", "g0/2", "g0/3", "g0/0"]
+
+
+def test_first_finisher_stops_deferring_when_siblings_are_far_apart():
+    # 21 groups of 2: each finishes one response at 10 tokens and one at 300 (log sd 2.4 >
+    # 0.5): a first finisher says nothing about its siblings, so nothing is deferred any more
+    groups = make_groups(22, 2)
+    p = first_finisher(groups)
+    for g in groups[:21]:
+        a, b = g.requests
+        for r in (a, b):
+            r.in_buffer = False
+            p.size -= 1
+        run_chunk(p, a, 10, finished=True)
+        if g.index == 0:
+            assert p.deferred(b)  # 10 < 0.1875 * MAX: short, and no spread measured yet
+        run_chunk(p, b, 300, finished=True)
+    c = groups[21].requests[0]
+    c.in_buffer = False
+    p.size -= 1
+    run_chunk(p, c, 10, finished=True)
+    assert not p.deferred(groups[21].requests[1])
+
+
+def test_first_finisher_options_are_checked():
+    groups = make_groups(1, 2)
+    with pytest.raises(ConfigError, match="short_fraction"):
+        make_policy("seer").bind(groups, {"short_fraction": 1.5})
+    with pytest.raises(ConfigError, match="defer"):
+        make_policy("seer").bind(groups, {"defer": -1})
+
+
 def test_requeue_keeps_place_in_line():
     groups = make_groups(1, 3)
     p = bound("request_fcfs", groups)

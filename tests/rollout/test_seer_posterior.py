@@ -235,7 +235,8 @@ def test_posterior_options_are_checked():
     with pytest.raises(ConfigError, match="quantile"):
         make_policy("seer").bind(groups, {"quantile": 1.5})
     p = make_policy("seer")
-    p.bind(groups, {"length_prior": {"mu": 3.0, "tau": 0.5, "sigma": 0.4}})
+    p.bind(groups, {"estimator": "posterior",
+                    "length_prior": {"mu": 3.0, "tau": 0.5, "sigma": 0.4}})
     assert p.length_params == LengthParams(3.0, 0.5, 0.4)
 
 

@@ -1,36 +1,48 @@
 """`seer`: context-aware scheduling, Seer paper §4.3.
 
-- Every group has one *probe* request (its sample 0). While the group has no finished request,
-  its probe sits in a high-priority queue ordered *shortest generated so far first* (SFS), so
-  every group quickly produces a length signal. Probe chunks carry ChunkRequest.priority 1.
-- Otherwise requests are picked *longest expected first* (approximate longest-job-first), by one
-  of two estimators (`estimator` option):
-  - `"posterior"` (default): each request's remaining length is read off a hierarchical
-    log-normal length model fitted online to the rollout itself (`length_model`): finished
-    siblings are exact lengths, unfinished ones (this request included) are censored at what
-    they have generated, and the population's prompt effect and within-group spread are
-    refitted as responses finish. The key is the `quantile` (default 0.995) of the request's
-    remaining length: a request is deferred only when the evidence says it is short with high
-    confidence. That hedges against the outliers that make the tail (a long sibling of a group
-    whose first finisher was short), and a request that keeps generating past its siblings
-    rises by itself. Where lengths carry no group signal the order falls back to
-    first-come-first-served round robin.
-  - `"max_finished"` (the paper's rule): L_g = max output length among the group's finished
-    requests, the original max_tokens while none has finished (unknown groups are assumed long).
-    Our refinement: once known, L_g is raised to the most tokens an unfinished sibling has
-    already generated (the group is at least that long). Ties (e.g. all unknown groups at
-    max_tokens): the group whose requests have generated most so far, then lower sample index
-    (so unknown groups advance one sibling each in turn), then group order.
-  The controller updates the group whenever a chunk ends and the policy re-keys the group's
-  buffered siblings.
+Three ordering rules (`estimator` option):
+
+- `"first_finisher"` (default): first-come-first-served over the request buffer, with two offsets
+  on a request's place in line (its enqueue number; units: requests dispatched, "pops"):
+  - progress: + N * generated / (2 * max_tokens) (N = requests in the rollout): a request that
+    has generated more lets fresher ones pass, by at most half a round at the cap;
+  - deferral: + `defer` * N (default 0.375, about one chunk round) for a request of a *known
+    short* group, one whose shortest finished response stopped under `short_fraction` *
+    max_tokens (default 0.1875), while the request itself has generated at most twice that
+    shortest length. A request that has outlived twice its group's shortest response is never
+    deferred (the lone long sibling of a short group, which reasoning traces have: a group of six
+    1-2K responses and two that loop to the cap), and a group without a finished response is
+    never deferred.
+  Ties (same offset sum): lower enqueue number first. Why: on a real reasoning trace (AIME,
+  configs/sim/r1_aime.py) knowing each group's true maximum from the moment its first response
+  finishes would give ~99% of the oracle, but every estimate of that maximum from the finished
+  lengths *under*-estimates a few groups (bimodal ones), and deferring their long response to
+  the end costs more than everything the estimate gains; a group's first finisher is the one
+  reliable signal (a group whose first response stops early is short with ~93% probability),
+  so this rule uses it only to move such groups' requests back by a bounded amount. Nothing is
+  deferred without bound, so no starvation guard is needed (auto `starvation_pops` = 0). No
+  probes.
+- `"posterior"`: each request's remaining length is read off a hierarchical log-normal length
+  model fitted online to the rollout itself (`length_model`): finished siblings are exact
+  lengths, unfinished ones (this request included) are censored at what they have generated.
+  The key is the `quantile` (default 0.995) of the request's remaining length, longest first.
+  Probes: while a group has no finished request its sample 0 sits in a high-priority queue
+  ordered shortest generated first (ChunkRequest.priority 1). It beats FCFS on the synthetic
+  presets but loses to it on the AIME trace (the fitted log-normal is too thin-tailed there).
+- `"max_finished"` (the paper's rule, probes as above): L_g = max output length among the
+  group's finished requests, raised to the most tokens an unfinished sibling has generated;
+  the original max_tokens while none has finished. Ties: the group whose requests have generated
+  most, then lower sample index, then group order.
+The controller updates the group whenever a chunk ends and the policy re-keys the group's
+buffered siblings.
 - Starvation guard: a request that has stayed in the buffer while more than `starvation_pops`
-  other requests were popped is served next, oldest first (default: the number of requests in
-  the batch with `max_finished`, four times that with `posterior`, whose quantile already hedges
-  against bad estimates; 0 disables the guard). This bounds the damage of a bad estimate.
+  other requests were popped is served next, oldest first (auto: N with `max_finished`, 4N with
+  `posterior`, 0 = off with `first_finisher`).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -38,14 +50,20 @@ from seer_jax.errors import ConfigError
 from seer_jax.rollout.policies.base import GroupState, LazyHeap, Policy, RequestState
 from seer_jax.rollout.policies.length_model import GroupLengthModel, LengthParams
 
-ESTIMATORS = ("posterior", "max_finished")
+ESTIMATORS = ("first_finisher", "posterior", "max_finished")
+DEFER = 0.375  # first_finisher: deferral, in rollouts' request counts
+SHORT_FRACTION = 0.1875  # first_finisher: "short" first finisher, as a share of max_tokens
+SPREAD_GATE = 0.5  # first_finisher: no deferral once the within-group log sd exceeds this
+SPREAD_MIN_DF = 20  # ... measured on at least this many degrees of freedom
+OUTLIVE = 2  # first_finisher: no deferral once a request has generated OUTLIVE x the shortest
 
 
 class SeerPolicy(Policy):
     name = "seer"
     divided = True
     kv_admission = True
-    option_keys = ("estimator", "quantile", "starvation_pops", "length_prior")
+    option_keys = ("estimator", "quantile", "starvation_pops", "length_prior", "defer",
+                   "short_fraction")
 
     def __init__(self) -> None:
         super().__init__()
@@ -55,7 +73,16 @@ class SeerPolicy(Policy):
         self._pops_at_enqueue: dict[str, int] = {}
         self.starvation_pops = 0
         self.starved_pops = 0  # how often the guard fired
-        self.estimator = "posterior"
+        self.estimator = "first_finisher"
+        self.defer = DEFER
+        self.short_fraction = SHORT_FRACTION
+        self._defer_pops = 0.0
+        self._pops_per_token = 0.0
+        self._shortest: dict[str, int] = {}  # group_id -> shortest finished response
+        self._gstats: dict[str, tuple[int, float, float]] = {}  # n, sum, sum sq of log lengths
+        self._ss = 0.0  # pooled within-group sum of squares of finished log lengths
+        self._df = 0
+        self._gate = True
         self.quantile = 0.995
         self.model: GroupLengthModel | None = None
         self._model_version = 0
@@ -70,22 +97,33 @@ class SeerPolicy(Policy):
 
     def bind(self, groups: Sequence[GroupState], options: dict[str, Any]) -> None:
         super().bind(groups, options)
-        est = options.get("estimator") or "posterior"
+        est = options.get("estimator") or "first_finisher"
         if est not in ESTIMATORS:
             raise ConfigError(f"seer estimator={est!r} is unknown; allowed: {list(ESTIMATORS)}")
         limit = options.get("starvation_pops")
         # auto: the number of requests for the paper's estimator; for the posterior, which defers
-        # only what it is confident is short, a 4x more patient backstop guard (the quantile is the guard)
-        auto = len(self.requests) * (4 if est == "posterior" else 1)
+        # only what it is confident is short, a 4x more patient backstop guard (the quantile is the
+        # guard); none for first_finisher, whose delays are bounded by construction
+        auto = len(self.requests) * {"posterior": 4, "max_finished": 1}.get(est, 0)
         self.starvation_pops = auto if limit is None or int(limit) < 0 else int(limit)
         self.estimator = est
         q = options.get("quantile")
         self.quantile = 0.995 if q is None else float(q)
         if not 0.0 < self.quantile < 1.0:
             raise ConfigError(f"seer quantile={q!r} is invalid; allowed: a number in (0, 1)")
+        for key, default in (("defer", DEFER), ("short_fraction", SHORT_FRACTION)):
+            v = options.get(key)
+            v = default if v is None else float(v)
+            if not 0.0 <= v <= (1.0 if key == "short_fraction" else 1e9):
+                raise ConfigError(f"seer {key}={options.get(key)!r} is invalid; allowed: a number "
+                                  f"in [0, {'1' if key == 'short_fraction' else 'inf'})")
+            setattr(self, key, v)
+        n = len(self.requests)
+        self._defer_pops = self.defer * n
+        self._pops_per_token = n / (2.0 * max((g.max_tokens for g in groups), default=1))
         for g in groups:
             for r in g.requests:
-                r.is_probe = r.sample_index == 0
+                r.is_probe = r.sample_index == 0 and est != "first_finisher"
         if est == "posterior" and groups:
             prior = options.get("length_prior")
             if prior is not None and not isinstance(prior, LengthParams):
@@ -102,7 +140,39 @@ class SeerPolicy(Policy):
     def probe_active(self, req: RequestState) -> bool:
         return req.is_probe and req.group.finished_max_len is None
 
+    def deferred(self, req: RequestState) -> bool:
+        """first_finisher: `req` is in a known short group and has not outlived it."""
+        m = self._shortest.get(req.group_id)
+        return (self._gate and m is not None and m < self.short_fraction * req.group.max_tokens
+                and req.generated <= OUTLIVE * m)
+
+    def place(self, req: RequestState) -> float:
+        """first_finisher: `req`'s place in line (lower first; ties by enqueue number)."""
+        return (req.enqueue_seq + self._pops_per_token * req.generated
+                + (self._defer_pops if self.deferred(req) else 0.0))
+
+    def _note_spread(self, req: RequestState) -> None:
+        """Pooled within-group sd of finished log lengths; deferral is on while it is below
+        SPREAD_GATE (a first finisher predicts its siblings only when they are close)."""
+        y = math.log(max(1, req.generated))
+        n, s1, s2 = self._gstats.get(req.group_id, (0, 0.0, 0.0))
+        if n:
+            self._ss -= s2 - s1 * s1 / n
+            self._df -= n - 1
+        n, s1, s2 = n + 1, s1 + y, s2 + y * y
+        self._gstats[req.group_id] = (n, s1, s2)
+        self._ss += s2 - s1 * s1 / n
+        self._df += n - 1
+        gate = not (self._df >= SPREAD_MIN_DF and self._ss / self._df > SPREAD_GATE**2)
+        if gate != self._gate:
+            self._gate = gate
+            self._model_version += 1
+            for g in self.groups:
+                self._rekey(g)
+
     def estimate_remaining(self, req: RequestState) -> int | None:
+        if self.estimator == "first_finisher":
+            return None
         if self.model is not None:
             return max(1, int(round(self._remaining.get(req.request_id, req.remaining))))
         g = req.group
@@ -128,7 +198,9 @@ class SeerPolicy(Policy):
 
     def _push_lfs(self, req: RequestState) -> None:
         g = req.group
-        if self.model is not None:
+        if self.estimator == "first_finisher":
+            key = (self.place(req), req.enqueue_seq)
+        elif self.model is not None:
             key = (-self._remaining[req.request_id], req.enqueue_seq)
         else:
             key = (-g.length_estimate, -g.max_generated, req.sample_index, g.index)
@@ -151,6 +223,10 @@ class SeerPolicy(Policy):
 
     def on_request_finished(self, req: RequestState) -> None:
         self._finished += 1
+        m = self._shortest.get(req.group_id)
+        self._shortest[req.group_id] = req.generated if m is None else min(m, req.generated)
+        if self.estimator == "first_finisher":
+            self._note_spread(req)
         self._observe(req)
 
     def on_chunk_end(self, req: RequestState) -> None:
