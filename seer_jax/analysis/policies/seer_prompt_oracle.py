@@ -26,7 +26,7 @@ from typing import Any
 
 from seer_jax.errors import ConfigError
 from seer_jax.rollout.policies.base import GroupState
-from seer_jax.rollout.policies.seer import SeerPolicy
+from seer_jax.rollout.policies.seer import SeerPolicy, posterior_options
 
 _NORMAL = NormalDist()
 
@@ -67,6 +67,7 @@ class SeerPromptOraclePolicy(SeerPolicy):
                               f"e.g. {missing[:3]}")
         self._dist = {g.group_id: (float(dists[g.group_id][0]), float(dists[g.group_id][1]))
                       for g in groups}
+        options = posterior_options(options)
         super().bind(groups, options)  # keys every group through _update_group
         if self.estimator != "posterior":
             raise ConfigError(

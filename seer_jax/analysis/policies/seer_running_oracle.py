@@ -7,7 +7,8 @@ longest length minus what it has generated, as `oracle_group_lfs` keys every req
 isolates one decision: how requests already under way are ranked against each other and against
 fresh ones. Where it matches `oracle_group_lfs`, the whole value of group context lies in that
 decision, and the gap between `seer` and it is what seer's estimate of running requests misses.
-Built with true lengths like `oracle_lfs`; only the posterior estimator (the default).
+Built with true lengths like `oracle_lfs`; only the posterior estimator (used when seer's
+options name none or seer's default, first_finisher).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from seer_jax.analysis.policies.oracle_group_lfs import group_longest
 from seer_jax.analysis.policies.oracle_lfs import true_lengths
 from seer_jax.errors import ConfigError
 from seer_jax.rollout.policies.base import GroupState
-from seer_jax.rollout.policies.seer import SeerPolicy
+from seer_jax.rollout.policies.seer import SeerPolicy, posterior_options
 
 
 class SeerRunningOraclePolicy(SeerPolicy):
@@ -33,6 +34,7 @@ class SeerRunningOraclePolicy(SeerPolicy):
     def bind(self, groups: Sequence[GroupState], options: dict[str, Any]) -> None:
         true = true_lengths(self.name, [r for g in groups for r in g.requests], self._given)
         self._group_max = group_longest(groups, true)  # before seer's bind keys the groups
+        options = posterior_options(options)
         super().bind(groups, options)
         if self.estimator != "posterior":
             raise ConfigError(

@@ -58,6 +58,15 @@ SPREAD_MIN_DF = 20  # ... measured on at least this many degrees of freedom
 OUTLIVE = 2  # first_finisher: no deferral once a request has generated OUTLIVE x the shortest
 
 
+def posterior_options(options: dict[str, Any]) -> dict[str, Any]:
+    """`options` with the posterior estimator where they name none or the default rule (for
+    analysis variants that replace the posterior's estimates)."""
+    out = dict(options)
+    if out.get("estimator") in (None, "first_finisher"):
+        out["estimator"] = "posterior"
+    return out
+
+
 class SeerPolicy(Policy):
     name = "seer"
     divided = True
