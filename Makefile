@@ -33,7 +33,8 @@ demo: $(VENV)/.installed-base
 	$(VENV)/bin/seer-jax generate --model smollm2 --chat --prompt "What is the capital of France?" --max-tokens 32
 	$(VENV)/bin/seer-jax rollout --config configs/rollout/demo.py
 
-# everything but the tests marked slow; no torch or tunix needed (their tests skip)
+# everything but the tests marked slow (engines, clusters, interpret-mode kernels); no torch or
+# tunix needed (their tests skip)
 test-fast: $(VENV)/.installed-fast
 	$(VENV)/bin/seer-jax fetch-model smollm2
 	$(PYTEST) -m "not slow"

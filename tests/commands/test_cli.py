@@ -35,6 +35,7 @@ def test_unknown_flag():
         (["--prompt-ids", "1,2", "--top-p", "1.5"], "top_p must be in (0, 1]"),
     ],
 )
+@pytest.mark.slow
 def test_bad_generate_input(args, message, capsys):
     assert main(["generate", *args]) == 2
     err = capsys.readouterr().err
@@ -57,6 +58,7 @@ def test_prompt_longer_than_context(tmp_path, capsys):
                  "--max-tokens", "4", "--json"]) == 0
 
 
+@pytest.mark.slow
 def test_bench_profile_writes_a_loadable_step_profile(tmp_path):
     from seer_jax.costs import StepProfile
     from seer_jax.model.config import tiny_config

@@ -9,6 +9,10 @@ import pathlib
 import subprocess
 import sys
 
+import pytest
+
+pytestmark = pytest.mark.slow  # engines or a cluster: make test runs these, test-fast does not
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 

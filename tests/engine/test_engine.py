@@ -41,6 +41,7 @@ def run_staggered(engine, prompts, max_tokens, sampling, arrive_every=2):
 
 
 @pytest.mark.parametrize("tp", [1, 2])
+@pytest.mark.slow
 def test_greedy_equals_reference_staggered_chunked(tp):
     mesh = make_mesh(jax.devices()[:tp]) if tp > 1 else None
     ref = generate(PARAMS, CFG, PROMPTS, 24)
@@ -105,6 +106,7 @@ def test_group_prefix_sharing_uses_prompt_pages_once():
 
 
 @pytest.mark.parametrize("mode", ["recompute", "swap"])
+@pytest.mark.slow
 def test_tiny_pool_preempts_and_still_matches(mode):
     ref = generate(PARAMS, CFG, PROMPTS, 24)
     cfg = EngineConfig(num_pages=24, page_size=4, max_num_batched_tokens=32, max_num_seqs=8,

@@ -24,6 +24,8 @@ from seer_jax.model.config import tiny_config
 from seer_jax.model.llama import init_params
 from seer_jax.model.sampling import SamplingParams
 
+pytestmark = pytest.mark.slow  # engines or a cluster: make test runs these, test-fast does not
+
 # head_dim 64 and page_size 16: shapes both kernels lower for; one KV head per tp=2 shard.
 CFG = tiny_config(eos_token_ids=(), head_dim=64, num_heads=4, num_kv_heads=2, num_layers=2)
 PARAMS = init_params(CFG, seed=3)

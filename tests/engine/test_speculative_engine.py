@@ -17,6 +17,8 @@ from seer_jax.model.generate import full_forward, generate
 from seer_jax.model.llama import init_params
 from seer_jax.rollout.types import SamplingParams
 
+pytestmark = pytest.mark.slow  # engines or a cluster: make test runs these, test-fast does not
+
 CFG = tiny_config(eos_token_ids=())
 PARAMS = init_params(CFG, seed=11)
 RNG = np.random.RandomState(0)

@@ -17,6 +17,8 @@ from seer_jax.model.config import tiny_config
 from seer_jax.model.generate import full_forward, generate
 from seer_jax.rollout.types import SamplingParams
 
+pytestmark = pytest.mark.slow  # engines or a cluster: make test runs these, test-fast does not
+
 CFG = tiny_config(vocab_size=128, eos_token_ids=(2,))
 PROMPTS = ["12+34=", "7*8=", "99-5="]
 G = 4

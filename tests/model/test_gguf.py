@@ -307,6 +307,7 @@ def smollm2_path():
 
 
 @pytest.mark.slow
+@pytest.mark.slow
 def test_smollm2_matches_transformers_state_dict(smollm2_path):
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")

@@ -21,6 +21,7 @@ def _greedy_loop(tokens, parents, n_draft, logits):
         path.append(cur)
 
 
+@pytest.mark.slow
 def test_greedy_matches_python_loop():
     rng = np.random.default_rng(1)
     s, n, vocab = 6, 7, 5

@@ -41,6 +41,7 @@ def _check(b, impl, tol, **kw):
         ([(37, 37), (64, 80)], 16, 3, 1, 64, None, None),  # prefill only, GQA 3
     ],
 )
+@pytest.mark.slow
 def test_gpu_kernel_matches_reference(seqs, page_size, hq, hkv, d, trees, splits):
     n_tok = sum(q for q, _ in seqs) + 5
     b = make_batch(seqs, num_q_heads=hq, num_kv_heads=hkv, head_dim=d, page_size=page_size,
@@ -48,6 +49,7 @@ def test_gpu_kernel_matches_reference(seqs, page_size, hq, hkv, d, trees, splits
     _check(b, "gpu", 2e-5, num_kv_splits=splits)
 
 
+@pytest.mark.slow
 def test_gpu_kernel_bf16():
     b = make_batch([(1, 300), (9, 40), (20, 20)], num_q_heads=8, num_kv_heads=2, head_dim=64,
                    page_size=16, max_seqs=4, dtype=jnp.bfloat16, trees={1: TREE})
@@ -61,12 +63,14 @@ def test_gpu_kernel_bf16():
         ([(3, 70), (1, 9)], 32, 4, 4, None),  # GQA 1, page 32, several KV blocks
     ],
 )
+@pytest.mark.slow
 def test_tpu_kernel_matches_reference_in_simulator(seqs, page_size, hq, hkv, trees):
     b = make_batch(seqs, num_q_heads=hq, num_kv_heads=hkv, head_dim=64, page_size=page_size,
                    max_seqs=len(seqs) + 1, num_tokens=sum(q for q, _ in seqs) + 3, trees=trees)
     _check(b, "tpu", 2e-5, block_q=4, pages_per_block=1)
 
 
+@pytest.mark.slow
 def test_tree_beyond_kernel_window_is_nan_not_wrong():
     # Two roots; nodes 2..37 chain below node 1, so node 33+ has node 1 (an ancestor that is not
     # on the leading chain) more than 31 tokens back: the kernels cannot encode it.
@@ -102,6 +106,7 @@ def test_write_kv_kernels_match_reference(impl):
 
 @pytest.mark.parametrize("tp,hkv,impl", [(2, 2, "reference"), (4, 2, "reference"),
                                          (4, 4, "gpu"), (2, 1, "gpu")])
+@pytest.mark.slow
 def test_sharded_wrapper_equals_unsharded(tp, hkv, impl):
     mesh = Mesh(np.array(jax.devices()[:tp]), ("tp",))
     b = make_batch([(1, 50), (6, 30), (3, 3)], num_q_heads=8, num_kv_heads=hkv, head_dim=64,

@@ -19,6 +19,8 @@ from seer_jax.rollout.kv_pool import HostKVPool
 from seer_jax.rollout.run import rollout
 from seer_jax.rollout.types import SamplingParams
 
+pytestmark = pytest.mark.slow  # engines or a cluster: make test runs these, test-fast does not
+
 CFG = tiny_config(eos_token_ids=(7,))
 PARAMS = init_params(CFG, seed=11)
 RNG = np.random.RandomState(0)
