@@ -95,11 +95,7 @@ class ConcurrentDriver(_DriverBase):
                 now = self.clock() - origin
                 self.rounds += 1
                 for i, rep in reports.items():
-                    tl = self.timelines[i]
-                    tl.busy_s += rep.duration_s
-                    tl.steps += 1
-                    tl.tokens += rep.num_tokens
-                    tl.last_busy_at = now
+                    self.timelines[i].record(rep, now)
                     for res in rep.finished:
                         ctl.on_chunk_result(res, now)
                 for i in lost:

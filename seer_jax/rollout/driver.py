@@ -43,6 +43,13 @@ class InstanceTimeline:
     last_busy_at: float = 0.0
     lost_at: float | None = None
 
+    def record(self, rep, now: float) -> None:
+        """A step of this instance (a StepReport) ended at driver time `now`."""
+        self.busy_s += rep.duration_s
+        self.steps += 1
+        self.tokens += rep.num_tokens
+        self.last_busy_at = now
+
 
 class _DriverBase:
     def __init__(self, controller: Controller):
@@ -110,12 +117,8 @@ class EmulatedClusterDriver(_DriverBase):
                 ctl.on_instance_lost(i, now - origin)
                 ctl.dispatch(now - origin)
                 continue
-            tl = self.timelines[i]
-            tl.busy_s += rep.duration_s
-            tl.steps += 1
-            tl.tokens += rep.num_tokens
             t_end = inst.now()
-            tl.last_busy_at = t_end - origin
+            self.timelines[i].record(rep, t_end - origin)
             self.end_time = max(self.end_time, t_end - origin)
             if rep.finished:
                 seq += 1
@@ -123,7 +126,7 @@ class EmulatedClusterDriver(_DriverBase):
             # a lost flag set without raising
             if getattr(inst, "lost", False) and alive[i]:
                 alive[i] = False
-                tl.lost_at = t_end - origin
+                self.timelines[i].lost_at = t_end - origin
                 ctl.on_instance_lost(i, t_end - origin)
         self.end_time = max(
             [self.end_time] + [r.finished_at for r in ctl.requests.values() if r.finished_at]
@@ -161,11 +164,7 @@ class WallClockDriver(_DriverBase):
                     ctl.dispatch(now)
                     continue
                 now = self.clock() - origin
-                tl = self.timelines[i]
-                tl.busy_s += rep.duration_s
-                tl.steps += 1
-                tl.tokens += rep.num_tokens
-                tl.last_busy_at = now
+                self.timelines[i].record(rep, now)
                 for res in rep.finished:
                     ctl.on_chunk_result(res, now)
                 ctl.dispatch(now)

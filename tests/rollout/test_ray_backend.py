@@ -7,12 +7,9 @@ from __future__ import annotations
 import sys
 
 import jax
-import numpy as np
 import pytest
 
-from seer_jax.engine.engine import EngineConfig
 from seer_jax.errors import ConfigError, SeerError
-from seer_jax.model.config import tiny_config
 from seer_jax.model.generate import generate
 from seer_jax.model.llama import init_params
 from seer_jax.rollout.concurrent_driver import FaultPlan
@@ -21,15 +18,10 @@ from seer_jax.rollout.kv_pool import HostKVPool
 from seer_jax.rollout.ray_cluster import RayBackendConfig, require_ray
 from seer_jax.rollout.run import rollout
 from seer_jax.rollout.types import ChunkRequest, SamplingParams
+from tests.rollout.tiny_rollout import CFG, ENGINE, GROUPS, PARAMS  # noqa: E402
 
 pytestmark = pytest.mark.slow  # engines or a cluster: make test runs these, test-fast does not
 
-CFG = tiny_config(eos_token_ids=(7,))
-PARAMS = init_params(CFG, seed=11)
-RNG = np.random.RandomState(0)
-GROUPS = [RNG.randint(8, 256, n).tolist() for n in (5, 19, 11, 3)]
-ENGINE = EngineConfig(num_pages=48, page_size=8, max_num_seqs=8, max_num_batched_tokens=16,
-                      max_prefill_seqs=2)
 REQUEST_IDS = sorted(f"g{g}/{j}" for g in range(4) for j in range(3))
 GREEDY = SamplingParams(temperature=0.0)
 

@@ -10,23 +10,16 @@ import pytest
 from seer_jax.analysis.policies import CATALOG, Hindsight
 from seer_jax.engine.engine import EngineConfig
 from seer_jax.errors import ConfigError
-from seer_jax.model.config import tiny_config
 from seer_jax.model.generate import generate
-from seer_jax.model.llama import init_params
 from seer_jax.rollout.api import default_config, validate_config
 from seer_jax.rollout.engine_instance import make_engine_instances, slice_devices
 from seer_jax.rollout.kv_pool import HostKVPool
 from seer_jax.rollout.run import rollout
 from seer_jax.rollout.types import SamplingParams
+from tests.rollout.tiny_rollout import CFG, ENGINE, GROUPS, PARAMS  # noqa: E402
 
 pytestmark = pytest.mark.slow  # engines or a cluster: make test runs these, test-fast does not
 
-CFG = tiny_config(eos_token_ids=(7,))
-PARAMS = init_params(CFG, seed=11)
-RNG = np.random.RandomState(0)
-GROUPS = [RNG.randint(8, 256, n).tolist() for n in (5, 19, 11, 3)]
-ENGINE = EngineConfig(num_pages=48, page_size=8, max_num_seqs=8, max_num_batched_tokens=16,
-                      max_prefill_seqs=2)
 
 
 @pytest.fixture(scope="module")
