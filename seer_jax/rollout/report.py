@@ -317,7 +317,7 @@ def comparison_table(reports: Mapping[str, RolloutReport], baseline: str = "grou
 
     summ = compare_summary(reports, baseline)
     t = Table(title=f"policies vs {baseline}")
-    for col in ("policy", "tokens/s", "makespan s", "tail s", f"vs {baseline[:10]}", "tail cut",
+    for col in ("policy", "tokens/s", "makespan s", "tail s", "tok/s ratio", "tail cut",
                 "preempt", "migr"):
         t.add_column(col, justify="right" if col != "policy" else "left", no_wrap=True)
     for name, rep in reports.items():
