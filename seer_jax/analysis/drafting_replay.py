@@ -37,29 +37,31 @@ class GroupRollout:
     responses: list[list[int]]
 
 
-def load_rollouts_jsonl(path: str | pathlib.Path) -> list[GroupRollout]:
+def _records(path: str | pathlib.Path, what: str, keys: str, parse) -> list[GroupRollout]:
+    """`parse(record, line_index)` over the non-empty JSON lines of `path`; an InputError names
+    the file and line of a bad record (`keys`: what a record must hold) or an empty file."""
     path = pathlib.Path(path)
     if not path.is_file():
-        raise InputError(f"rollouts file not found: {path}")
+        raise InputError(f"{what} file not found: {path}")
     out = []
     for i, line in enumerate(path.read_text().splitlines()):
         if not line.strip():
             continue
         try:
-            d = json.loads(line)
-            g = GroupRollout(
-                group_id=str(d.get("group_id", i)),
-                prompt_ids=[int(t) for t in d["prompt_ids"]],
-                responses=[[int(t) for t in r] for r in d["responses"]],
-            )
+            out.append(parse(json.loads(line), i))
         except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
-            raise InputError(
-                f"{path}:{i + 1}: expected {{'group_id', 'prompt_ids', 'responses'}}: {e}"
-            ) from None
-        out.append(g)
+            raise InputError(f"{path}:{i + 1}: expected {keys}: {e}") from None
     if not out:
-        raise InputError(f"rollouts file {path} has no groups")
+        raise InputError(f"{what} file {path} has no groups")
     return out
+
+
+def load_rollouts_jsonl(path: str | pathlib.Path) -> list[GroupRollout]:
+    return _records(path, "rollouts", "{'group_id', 'prompt_ids', 'responses'}", lambda d, i: GroupRollout(
+        group_id=str(d.get("group_id", i)),
+        prompt_ids=[int(t) for t in d["prompt_ids"]],
+        responses=[[int(t) for t in r] for r in d["responses"]],
+    ))
 
 
 def load_texts_jsonl(path: str | pathlib.Path, tokenizer,
@@ -68,30 +70,19 @@ def load_texts_jsonl(path: str | pathlib.Path, tokenizer,
     "responses": [str, ...]} (extra keys ignored). The prompt is rendered as a one-turn chat and
     every response tokenized with `tokenizer` (no BOS); `max_tokens_per_response` > 0 keeps only
     that many leading tokens of each response."""
-    path = pathlib.Path(path)
-    if not path.is_file():
-        raise InputError(f"texts file not found: {path}")
     if max_tokens_per_response < 0:
         raise InputError(f"max_tokens_per_response={max_tokens_per_response} must be >= 0")
-    out = []
-    for i, line in enumerate(path.read_text().splitlines()):
-        if not line.strip():
-            continue
-        try:
-            d = json.loads(line)
-            prompt, texts = str(d["prompt"]), [str(r) for r in d["responses"]]
-            gid = str(d.get("prompt_id", i))
-        except (json.JSONDecodeError, KeyError, TypeError) as e:
-            raise InputError(f"{path}:{i + 1}: expected {{'prompt', 'responses'}}: {e}") from None
+
+    def parse(d, i):
+        prompt, texts = str(d["prompt"]), [str(r) for r in d["responses"]]
         prompt_ids = tokenizer.encode_chat([{"role": "user", "content": prompt}])
         responses = tokenizer.encode_batch(texts, add_bos=False)
         if max_tokens_per_response:
             responses = [r[:max_tokens_per_response] for r in responses]
-        out.append(GroupRollout(gid, [int(t) for t in prompt_ids],
-                                [[int(t) for t in r] for r in responses if r]))
-    if not out:
-        raise InputError(f"texts file {path} has no groups")
-    return out
+        return GroupRollout(str(d.get("prompt_id", i)), [int(t) for t in prompt_ids],
+                            [[int(t) for t in r] for r in responses if r])
+
+    return _records(path, "texts", "{'prompt', 'responses'}", parse)
 
 
 def save_rollouts_jsonl(path: str | pathlib.Path, groups: Sequence[GroupRollout]) -> None:

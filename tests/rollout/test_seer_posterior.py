@@ -20,20 +20,13 @@ from seer_jax.rollout.policies.length_model import (
     log_ndtr,
     nelder_mead,
 )
-from seer_jax.rollout.types import SamplingParams
+from tests.rollout.test_policies import make_groups as policy_groups
 
 MAX = 4096
 
 
 def make_groups(n_groups: int, group_size: int, max_tokens: int = MAX) -> list[GroupState]:
-    groups = []
-    for gi in range(n_groups):
-        g = GroupState(f"g{gi}", gi, max_tokens)
-        for j in range(group_size):
-            g.requests.append(
-                RequestState(f"g{gi}/{j}", g, j, (1, 2, 3), SamplingParams(), max_tokens))
-        groups.append(g)
-    return groups
+    return policy_groups(n_groups, group_size, max_tokens)
 
 
 def finish(req: RequestState, n: int) -> None:
