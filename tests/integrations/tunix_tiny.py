@@ -1,0 +1,62 @@
+"""Tiny Tunix Llama3 / Qwen2 / Qwen3 models with every parameter random (Tunix initialises MLP
+kernels and biases to zero and norms to one, which would hide a mapping mistake)."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+VOCAB = 128
+
+
+def tunix_model(family: str, tied: bool = False, seed: int = 0, rope_theta: int = 10_000):
+    from flax import nnx
+
+    if family == "llama3":
+        from tunix.models.llama3 import model as m
+        cls, kw = m.Llama3, {"weight_tying": tied}
+    elif family == "qwen2":
+        from tunix.models.qwen2 import model as m
+        cls, kw = m.Qwen2, {"use_tied_embedding": tied}
+    else:
+        from tunix.models.qwen3 import model as m
+        cls, kw = m.Qwen3, {"use_tied_embedding": tied}
+    cfg = m.ModelConfig(num_layers=2, vocab_size=VOCAB, embed_dim=64, hidden_dim=96, num_heads=4,
+                        head_dim=16, num_kv_heads=2, rope_theta=rope_theta, norm_eps=1e-6, **kw)
+    model = cls(cfg, rngs=nnx.Rngs(seed))
+    randomize(model, seed)
+    return model
+
+
+def randomize(model, seed: int, filter_type=None) -> None:
+    """Every parameter (of `filter_type`, default nnx.Param) drawn at random: norms near 1,
+    other weights N(0, 1/fan_in)."""
+    from flax import nnx
+
+    state = nnx.state(model, filter_type or nnx.Param)
+    leaves, treedef = jax.tree_util.tree_flatten_with_path(nnx.to_pure_dict(state))
+    rng = np.random.RandomState(seed + 1)
+    new = []
+    for path, v in leaves:
+        name = jax.tree_util.keystr(path)
+        x = rng.standard_normal(v.shape).astype(np.float32)
+        if "norm" in name:
+            x = 1.0 + 0.1 * x
+        elif "bias" in name:
+            x = 0.1 * x
+        else:
+            x = x / np.sqrt(v.shape[0] if v.ndim > 1 and "embedding" not in name else 1.0)
+        new.append(jnp.asarray(x, v.dtype))
+    nnx.replace_by_pure_dict(state, jax.tree_util.tree_unflatten(treedef, new))
+    nnx.update(model, state)
+
+
+def tunix_logits(model, tokens_bt) -> np.ndarray:
+    """The Tunix model's own forward (causal mask, positions 0..T-1)."""
+    tokens = jnp.asarray(tokens_bt, jnp.int32)
+    B, T = tokens.shape
+    positions = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
+    mask = jnp.broadcast_to(jnp.tril(jnp.ones((T, T), bool)), (B, T, T))
+    logits, _ = model(tokens, positions, None, mask)
+    return np.asarray(logits, np.float32)
