@@ -39,11 +39,17 @@ from seer_jax.integrations.engine_group import (
     detect_groups,
     slice_meshes,
 )
+from seer_jax.integrations.lora import has_lora, lora_scale_fn, merge_lora
 from seer_jax.integrations.nnx_actor import TunixLlama, completion_logprobs
+from seer_jax.integrations.tunix_models import family_of, model_config_from_tunix
 from seer_jax.integrations.weight_sync import ParamMapping, state_to_params
 from seer_jax.model.config import ModelConfig
 from seer_jax.model.sharding import ShardingRules
+from seer_jax.rollout.ray_cluster import RayBackendConfig
 from seer_jax.rollout.types import SamplingParams
+
+# auto/engine/api: engines in this process (see EngineGroup); ray: one Ray actor per slice
+BACKENDS = ("auto", "engine", "api", "ray")
 
 
 class SeerRollout(base_rollout.BaseRollout):
@@ -55,10 +61,20 @@ class SeerRollout(base_rollout.BaseRollout):
                  engine_config: EngineConfig | None = None, policy: str = "seer",
                  controller_config: dict[str, Any] | None = None, backend: str = "auto",
                  policy_options: dict[str, Any] | None = None,
-                 param_mapping: ParamMapping | None = None, rules: ShardingRules = ShardingRules()):
-        cfg = model_config or getattr(rollout_actor, "cfg", None)
+                 param_mapping: ParamMapping | None = None, rules: ShardingRules = ShardingRules(),
+                 lora_alpha: float | None = None, ray_backend: RayBackendConfig | None = None):
+        if backend not in BACKENDS:
+            raise ConfigError(f"backend={backend!r}: allowed {list(BACKENDS)}")
+        family = family_of(rollout_actor)
+        cfg = model_config
+        if cfg is None and family is not None:
+            cfg = model_config_from_tunix(rollout_actor, family)
+        cfg = cfg or getattr(rollout_actor, "cfg", None)
         if not isinstance(cfg, ModelConfig):
-            raise ConfigError("SeerRollout needs model_config= unless the actor is a TunixLlama/Llama")
+            raise ConfigError("SeerRollout needs model_config= unless the actor is a TunixLlama/Llama "
+                              "or a Tunix Llama3/Qwen2/Qwen3 model")
+        if param_mapping is None and family is not None:
+            param_mapping = family.mapping
         rc = rollout_config
         # RolloutConfig's parallelism and dtype apply unless given here: data_parallel_size engine
         # replicas of tensor_parallel_size devices each.
@@ -76,16 +92,39 @@ class SeerRollout(base_rollout.BaseRollout):
         self.mesh = mesh
         self.rollout_config = rollout_config
         self.param_mapping = param_mapping
-        devices = list(mesh.devices.flat) if mesh is not None and not mesh.empty else jax.devices()
-        meshes = slice_meshes(devices, num_instances, tp)
-        params = state_to_params(nnx.state(rollout_actor, nnx.Param), cfg, param_mapping)
+        # LoRA (qwix): adapters are merged into the base weights on every sync; under LoRA Tunix
+        # syncs only the adapters, so the frozen base weights are kept (references, not copies)
+        state = nnx.to_pure_dict(nnx.state(rollout_actor, nnx.Param))
+        self._lora_base: dict[str, Any] | None = None
+        self._lora_scale = None
+        if has_lora(state):
+            self._lora_scale = lora_scale_fn(rollout_actor, lora_alpha)
+            self._lora_base = nnx.to_pure_dict(
+                nnx.state(rollout_actor, nnx.All(nnx.Param, nnx.Not(nnx.LoRAParam))))
+        params = self._trainer_params(state)
         eos = self.eos_id()
-        self.group = EngineGroup(cfg, params, meshes, engine_config or EngineConfig(kv_memory_gib=0.25),
-                                 eos_ids=(eos,) if eos is not None else None, rules=rules,
-                                 policy=policy, controller_config=controller_config, backend=backend,
-                                 policy_options=policy_options)
-        self._model = TunixLlama(cfg, rngs=nnx.Rngs(0))
-        self._model.set_params(self.group.params(0))
+        eos_ids = (eos,) if eos is not None else None
+        engine_config = engine_config or EngineConfig(kv_memory_gib=0.25)
+        if backend == "ray":
+            from seer_jax.integrations.ray_group import RayEngineGroup
+
+            self.group = RayEngineGroup(cfg, params, num_instances=num_instances, tp=tp,
+                                        engine_config=engine_config, eos_ids=eos_ids,
+                                        policy=policy, controller_config=controller_config,
+                                        policy_options=policy_options, ray_backend=ray_backend)
+        else:
+            devices = list(mesh.devices.flat) if mesh is not None and not mesh.empty else jax.devices()
+            meshes = slice_meshes(devices, num_instances, tp)
+            self.group = EngineGroup(cfg, params, meshes, engine_config, eos_ids=eos_ids, rules=rules,
+                                     policy=policy, controller_config=controller_config,
+                                     backend=backend, policy_options=policy_options)
+        if family is not None:
+            # Tunix compares the rollout model's state with the actor's leaf by leaf
+            # (`is_sharing_weights`, which needs the same tree): a shape-only copy of the actor
+            self._model: nnx.Module = nnx.eval_shape(lambda: nnx.clone(rollout_actor))
+        else:
+            self._model = TunixLlama(cfg, rngs=nnx.Rngs(0))
+            self._model.set_params(self.group.params(0))
         self._seed_counter = 0
         self._recorded: dict[tuple, list[tuple[tuple[int, ...], list[float]]]] = {}
         self._recorded_version = -1
@@ -173,13 +212,29 @@ class SeerRollout(base_rollout.BaseRollout):
             jnp.full((B,), s.top_p, jnp.float32), jnp.full((B,), s.top_k, jnp.int32))
 
     def update_params(self, params: Any, filter_types: tuple[Any, ...] | None = None) -> None:
-        if filter_types is not None and any(getattr(t, "__name__", "") == "LoRAParam"
-                                            for t in filter_types):
-            raise ConfigError("SeerRollout syncs full parameters; merge LoRA adapters into the "
-                              "base weights before sync (filter_types=LoRAParam is not supported)")
-        ours = state_to_params(params, self.cfg, self.param_mapping)
-        self.group.update_params(ours)
-        self._model.set_params(self.group.params(0))
+        state = nnx.to_pure_dict(params) if isinstance(params, nnx.State) else params
+        lora_only = filter_types is not None and any(
+            getattr(t, "__name__", "") == "LoRAParam" for t in filter_types)
+        if lora_only and not has_lora(state):
+            raise ConfigError("update_params(filter_types=LoRAParam) got no LoRA adapters "
+                              "(no *_lora_a/*_lora_b parameters)")
+        self.group.update_params(self._trainer_params(state))
+        if isinstance(self._model, TunixLlama):
+            self._model.set_params(self.group.params(0))
+
+    def _trainer_params(self, state: Any) -> Any:
+        """Our param dict from the trainer's state: LoRA adapters merged, names mapped."""
+        if has_lora(state):
+            if self._lora_scale is None:
+                raise ConfigError("the synced state has LoRA adapters but the rollout actor had "
+                                  "none when SeerRollout was built")
+            state = merge_lora(state, self._lora_scale, base=self._lora_base)
+        return state_to_params(state, self.cfg, self.param_mapping)
+
+    def shutdown(self) -> None:
+        """End the engine actors (backend='ray'); nothing to do in process."""
+        if hasattr(self.group, "shutdown"):
+            self.group.shutdown()
 
     @property
     def policy_version(self) -> int:

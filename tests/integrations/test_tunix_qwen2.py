@@ -1,0 +1,146 @@
+"""SeerRollout with Tunix's own Qwen2 class as the actor (found by class: no model_config= or
+param_mapping=): a GRPO step and weight sync, and a qwix LoRA actor whose adapters are merged on
+sync."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from seer_jax.engine.engine import EngineConfig
+from seer_jax.model.generate import full_forward, generate
+from seer_jax.rollout.types import SamplingParams
+from tests.integrations.tunix_tiny import randomize, tunix_logits, tunix_model
+
+pytest.importorskip("tunix")
+pytestmark = pytest.mark.slow  # engines and a Tunix cluster: make test runs these
+
+PROMPTS = ["12+34=", "7*8=", "99-5="]
+IDS = [[1] + [ord(c) for c in p] for p in PROMPTS]
+G = 4
+ENGINE = EngineConfig(num_pages=96, page_size=8, max_num_seqs=16, max_num_batched_tokens=64,
+                      max_model_len=64)
+GREEDY = SamplingParams(temperature=0.0)
+
+
+def _flat_np(params):
+    return {jax.tree_util.keystr(k): np.asarray(v)
+            for k, v in jax.tree_util.tree_leaves_with_path(params)}
+
+
+def _expected_tokens(host_params, cfg, max_tokens=8):
+    """Reference greedy completions as SeerRollout returns them (final EOS dropped)."""
+    want = generate(host_params, cfg, IDS, max_tokens, GREEDY, eos_ids=(2,))
+    return [w.token_ids[:-1] if w.finish_reason == "eos" else w.token_ids for w in want]
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    import optax
+    from tunix.rl import rl_cluster as rl
+    from tunix.rl.rollout.base_rollout import RolloutConfig
+
+    from seer_jax.integrations.tunix import CharTokenizer, SeerRollout
+
+    actor = tunix_model("qwen2")
+    mesh = jax.sharding.Mesh(np.array(jax.devices()).reshape(4, 2), ("fsdp", "tp"))
+    rollout_config = RolloutConfig(max_tokens_to_generate=8, temperature=1.0, top_p=1.0,
+                                   top_k=None, max_prompt_length=16, return_logprobs=True, seed=7)
+    engine = functools.partial(SeerRollout, num_instances=2, tp=2,
+                               controller_config={"chunk_size": 4}, engine_config=ENGINE)
+    config = rl.ClusterConfig(
+        role_to_mesh={rl.Role.ACTOR: mesh, rl.Role.REFERENCE: mesh, rl.Role.ROLLOUT: mesh},
+        rollout_engine=engine,
+        training_config=rl.RLTrainingConfig(actor_optimizer=optax.sgd(0.5), eval_every_n_steps=100,
+                                            max_steps=1),
+        rollout_config=rollout_config,
+    )
+    return rl.RLCluster(actor=actor, tokenizer=CharTokenizer(), cluster_config=config)
+
+
+def test_grpo_step_with_a_tunix_qwen2_actor(cluster):
+    from flax import nnx
+    from tunix.rl import common
+    from tunix.rl.grpo.grpo_learner import GRPOConfig, GRPOLearner
+
+    from seer_jax.integrations.tunix_models import FAMILIES
+    from seer_jax.integrations.weight_sync import state_to_params
+
+    rollout = cluster.rollout
+    cfg = rollout.cfg
+    assert (cfg.architecture, cfg.qkv_bias, cfg.vocab_size) == ("Qwen2ForCausalLM", True, 128)
+    qwen2 = next(f for f in FAMILIES if f.name == "qwen2")
+    prompts = [p for p in PROMPTS for _ in range(G)]
+    out = cluster.generate(prompts)
+    assert rollout.policy_version == 0 and len(out.tokens) == len(prompts)
+    # rollout logprobs == the Qwen2 actor's own forward at the same weights
+    C = 8
+    comp = np.array([np.pad(t, (0, C - len(t))) for t in out.tokens], np.int32)
+    graph, state = nnx.split(cluster.actor_trainer.model)
+    ref = np.asarray(common.compute_per_token_logps(
+        graph, state, prompt_tokens=jnp.asarray(out.left_padded_prompt_tokens),
+        completion_tokens=jnp.asarray(comp), pad_id=0, eos_id=2, stop_gradient=True,
+        return_logits=False, temperature=1.0))
+    upto = [len(t) if 0 not in t.tolist() else t.tolist().index(0) for t in out.tokens]
+    assert sum(upto) >= len(prompts) * 4
+    for i, n in enumerate(upto):
+        np.testing.assert_allclose(out.logprobs[i][:n], ref[i, :n], atol=1e-4)
+    old = _flat_np(rollout.group.params(0))
+
+    def reward(prompts, completions, **kw):
+        return [float(sum(c.isdigit() for c in text)) for text in completions]
+
+    learner = GRPOLearner(rl_cluster=cluster, reward_fns=[reward],
+                          algo_config=GRPOConfig(num_generations=G, num_iterations=1, beta=0.0))
+    learner.train([{"prompts": np.array(PROMPTS)}])
+    assert cluster.actor_trainer.train_steps == 1 and rollout.policy_version == 1
+
+    # the engines serve the trained Qwen2's weights, mapped to our layout, and they moved
+    trained = state_to_params(nnx.state(cluster.actor_trainer.model, nnx.Param), cfg, qwen2.mapping)
+    new = _flat_np(rollout.group.params(0))
+    assert max(float(np.abs(new[k] - old[k]).max()) for k in new) > 1e-3
+    for k, v in _flat_np(trained).items():
+        np.testing.assert_array_equal(new[k], v)
+    # the next rollout: greedy tokens == the reference generator at the new weights
+    import dataclasses
+
+    greedy = dataclasses.replace(cluster.cluster_config.rollout_config, temperature=0.0)
+    out2 = rollout.generate(prompts, greedy)
+    assert all(r.policy_version == 1 for r in rollout.last_responses)
+    expect = _expected_tokens(jax.tree.map(np.asarray, trained), cfg)
+    assert [t.tolist() for t in out2.tokens] == [e for e in expect for _ in range(G)]
+
+
+def test_lora_actor_syncs_merged_weights():
+    import qwix
+    from flax import nnx
+    from tunix.rl.rollout.base_rollout import RolloutConfig
+
+    from seer_jax.integrations.tunix import CharTokenizer, SeerRollout
+
+    base = tunix_model("qwen2", seed=3)
+    provider = qwix.LoraProvider(module_path=".*(q_proj|o_proj|up_proj|down_proj)", rank=2,
+                                 alpha=4.0)
+    model = qwix.apply_lora_to_model(base, provider, **base.get_model_input(), rngs=nnx.Rngs(1))
+    randomize(model, 7, nnx.LoRAParam)
+    rc = RolloutConfig(max_tokens_to_generate=8, temperature=0.0, max_prompt_length=16)
+    ro = SeerRollout(model, CharTokenizer(), None, rc, num_instances=1, tp=1, engine_config=ENGINE)
+    assert ro.cfg.architecture == "Qwen2ForCausalLM"
+
+    def check():
+        served = jax.tree.map(np.asarray, ro.group.params(0))
+        toks = np.asarray([IDS[0] + [40, 41, 42]])
+        want = tunix_logits(model, toks)  # the LoRA model's forward
+        got = np.asarray(full_forward(served, ro.cfg, jnp.asarray(toks)))
+        np.testing.assert_allclose(got, want, atol=1e-5 * np.abs(want).max(), rtol=0)
+        out = ro.generate(PROMPTS, rc)
+        assert [t.tolist() for t in out.tokens] == _expected_tokens(served, ro.cfg)
+
+    check()
+    # a training step under LoRA changes only the adapters, and Tunix syncs only those
+    randomize(model, 11, nnx.LoRAParam)
+    ro.update_params(nnx.state(model, nnx.LoRAParam), (nnx.LoRAParam,))
+    assert ro.policy_version == 1
+    check()
