@@ -11,10 +11,13 @@ Tunix constructs it as `engine(rollout_actor=, tokenizer=, mesh=, rollout_config
   per-token logprobs under the sampling distribution (temperature, top-k, top-p).
 - `get_per_token_logps`: the recorded rollout logprobs when (prompt, completion) is one we just
   generated at the current weights, else a forward pass under the same distribution.
-- `update_params`: Tunix's nnx state (ours: `TunixLlama`) -> our param dict -> every engine slice,
-  device to device (Tunix runs this under a transfer guard that forbids host round trips on CPU).
-- `model()`: an NNX module holding the weights slice 0 serves (a separate copy from the actor, so
-  Tunix's `is_sharing_weights` check sees that a sync is needed).
+- `update_params`: Tunix's nnx state -> LoRA adapters merged (`lora`) -> our param dict (a Tunix
+  Llama3/Qwen2/Qwen3 actor is mapped by `tunix_models`, `TunixLlama` is ours already) -> every
+  engine slice, device to device (Tunix runs this under a transfer guard that forbids host round
+  trips on CPU); with `backend="ray"`, through the object store to the engine actors.
+- `model()`: for `TunixLlama` actors an NNX module holding the weights slice 0 serves; for Tunix
+  model classes a shape-only copy of the actor. Either way Tunix's `is_sharing_weights` check sees
+  that the rollout does not share the actor's weights, so it syncs.
 """
 
 from __future__ import annotations
