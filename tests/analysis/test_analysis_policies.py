@@ -114,3 +114,35 @@ def test_seer_prompt_oracle_ranks_by_the_true_length_distributions():
     with pytest.raises(ConfigError, match="estimator='max_finished' is not supported"):
         CATALOG.make("seer_prompt_oracle", Hindsight(length_distributions=dists)).bind(
             make_groups(2, 2), {"estimator": "max_finished"})
+
+
+def test_oracle_first_finish_learns_a_groups_true_longest_only_when_one_response_finished():
+    groups = make_groups(2, 2)
+    lengths = {"g0/0": 100, "g0/1": 900, "g1/0": 200, "g1/1": 300}
+    p = bound("oracle_first_finish", groups, Hindsight(true_lengths=lengths))
+    # nothing finished: every group counts as max_tokens long, least generated first
+    assert [p.estimate_remaining(r) for g in groups for r in g.requests] == [MAX] * 4
+    a = p.pop()
+    assert a.request_id == "g0/0"
+    run_chunk(p, a, 100, finished=True)  # g0's true longest (900) is now known
+    assert p.estimate_remaining(groups[0].requests[1]) == 900
+    # g1 is still unknown (1000) and outranks g0's survivor (900)
+    assert drain(p) == ["g1/0", "g1/1", "g0/1"]
+    with pytest.raises(ConfigError, match="needs true lengths"):
+        CATALOG.make("oracle_first_finish").bind(groups, {})
+
+
+def test_oracle_conditional_max_estimates_from_groups_with_a_similar_shortest_response():
+    # five groups of shortest ~100 whose longest are 200..600 (median 400), one of shortest 900
+    lengths = {}
+    for gi, longest in enumerate([200, 300, 400, 500, 600]):
+        lengths[f"g{gi}/0"], lengths[f"g{gi}/1"] = 100 + gi, longest
+    lengths["g5/0"], lengths["g5/1"] = 900, 950
+    groups = make_groups(6, 2)
+    p = bound("oracle_conditional_max", groups, Hindsight(true_lengths=lengths))
+    assert p.conditional_max(100, MAX) == 400  # median of the five similar groups
+    assert p.conditional_max(900, MAX) == MAX  # one similar group: too few, max_tokens
+    first = next(r for r in (p.pop() for _ in range(12)) if r.request_id == "g4/0")
+    run_chunk(p, first, 104, finished=True)
+    # g4 estimated at 400 (not its true 600), raised to what a sibling has generated
+    assert p.estimate_remaining(groups[4].requests[1]) == 400

@@ -4,6 +4,10 @@
 
 from __future__ import annotations
 
+from seer_jax.analysis.policies.first_finish import (
+    OracleConditionalMaxPolicy,
+    OracleFirstFinishPolicy,
+)
 from seer_jax.analysis.policies.oracle_group_lfs import OracleGroupLFSPolicy
 from seer_jax.analysis.policies.oracle_lfs import OracleLFSPolicy
 from seer_jax.analysis.policies.seer_prompt_oracle import SeerPromptOraclePolicy
@@ -12,8 +16,8 @@ from seer_jax.rollout.policies import POLICIES, Hindsight, PolicyCatalog
 
 ANALYSIS_POLICIES = {
     cls.name: cls
-    for cls in (OracleLFSPolicy, OracleGroupLFSPolicy, SeerRunningOraclePolicy,
-                SeerPromptOraclePolicy)
+    for cls in (OracleLFSPolicy, OracleGroupLFSPolicy, OracleFirstFinishPolicy,
+                OracleConditionalMaxPolicy, SeerRunningOraclePolicy, SeerPromptOraclePolicy)
 }
 # policies that need a workload's generating distributions (synthetic simulator workloads only)
 NEEDS_DISTRIBUTIONS = (SeerPromptOraclePolicy.name,)
@@ -23,6 +27,8 @@ CATALOG = PolicyCatalog(
     builders={
         OracleLFSPolicy.name: lambda h: OracleLFSPolicy(h.true_lengths),
         OracleGroupLFSPolicy.name: lambda h: OracleGroupLFSPolicy(h.true_lengths),
+        OracleFirstFinishPolicy.name: lambda h: OracleFirstFinishPolicy(h.true_lengths),
+        OracleConditionalMaxPolicy.name: lambda h: OracleConditionalMaxPolicy(h.true_lengths),
         SeerRunningOraclePolicy.name: lambda h: SeerRunningOraclePolicy(h.true_lengths),
         SeerPromptOraclePolicy.name: lambda h: SeerPromptOraclePolicy(h.length_distributions),
     },
@@ -32,6 +38,8 @@ __all__ = [
     "ANALYSIS_POLICIES",
     "CATALOG",
     "NEEDS_DISTRIBUTIONS",
+    "OracleConditionalMaxPolicy",
+    "OracleFirstFinishPolicy",
     "Hindsight",
     "OracleGroupLFSPolicy",
     "OracleLFSPolicy",
