@@ -271,6 +271,12 @@ class ModelRunner:
         return jax.device_put(np.asarray(x, dtype), self._replicated)
 
     def set_params(self, params: Params) -> None:
+        if self._replicated is not None:
+            # this process's arrays go to the mesh through the host: each process places its
+            # own shards of the same values
+            params = jax.tree.map(
+                lambda x: np.asarray(x) if isinstance(x, jax.Array) and x.is_fully_addressable
+                else x, params)
         self.params = shard_params(params, self.mesh, self.rules) if self.mesh is not None else params
 
     def _executable(self, fn, dev: dict, **static):
