@@ -204,8 +204,8 @@ def test_raising_and_hung_actors_are_lost_and_their_chunks_rerun(ray_cluster, ba
 
 def test_two_host_slice_matches_inprocess_tp2(ray_cluster, backend, reference):
     """One slice over two host actors (one CPU device each, tp=2 under jax.distributed): the
-    same greedy tokens as tp=2 in this process; chunks continue through the KV pool; a follower
-    that dies loses the whole slice."""
+    same greedy tokens as tp=2 in this process after a weight sync; chunks continue through the
+    KV pool; a follower that dies loses the whole slice."""
     from seer_jax.rollout.ray_instance import make_ray_instances
 
     group = make_ray_instances(CFG, PARAMS, num_instances=1, tp=2, engine_config=ENGINE,
@@ -214,6 +214,9 @@ def test_two_host_slice_matches_inprocess_tp2(ray_cluster, backend, reference):
         inst = group.instances[0]
         follower = ray_cluster.get(inst.actors[1].snapshot.remote())
         assert len(inst.actors) == 2 and follower.pid != inst.snap.pid
+        # new weights reach both hosts (re-sharded over the two-process mesh)
+        assert group.update_params(PARAMS) == 1
+        assert [ray_cluster.get(a.snapshot.remote()).params_version for a in inst.actors] == [1, 1]
         out = _ray_rollout(group, "seer")
         _assert_complete_and_greedy(out, reference)
         pool = HostKVPool()
