@@ -10,6 +10,11 @@ come from a small set of padded buckets (`Layout`), so steady state never recomp
 
 KV cache: k_all, v_all [num_layers, num_kv_heads * kv_repeat, num_pages, page_size, head_dim],
 carried through the layer scan and donated to every step, so updates happen in place.
+
+A mesh may span several processes under `jax.distributed` (a slice over several hosts). Every
+process of the slice then runs the same calls in the same order (SPMD); host inputs go to the
+device replicated over the whole mesh (`device_input`), and results come back with `to_host`,
+which reads a replicated result from a local shard and gathers a sharded one from every process.
 """
 
 from __future__ import annotations
@@ -65,6 +70,25 @@ class Layout:
     def num_rows(self) -> int:
         """Rows of logits: every decode-region token, plus one per prefill sequence."""
         return self.n_dec * self.q_dec + self.n_pre
+
+
+def spans_processes(mesh: Mesh | None) -> bool:
+    """Whether the mesh holds devices of other processes (a multi-host slice)."""
+    return mesh is not None and any(d.process_index != jax.process_index()
+                                    for d in mesh.devices.flat)
+
+
+def to_host(x: jax.Array) -> np.ndarray:
+    """A device array's value on this host. On a mesh that spans processes a replicated array is
+    read from a local shard, a sharded one is gathered from every process (a collective: every
+    process of the slice calls it at the same point)."""
+    if x.is_fully_addressable:
+        return np.asarray(x)
+    if x.is_fully_replicated:
+        return np.asarray(x.addressable_data(0))
+    from jax.experimental import multihost_utils
+
+    return np.asarray(multihost_utils.process_allgather(x, tiled=True))
 
 
 def bucket(n: int, minimum: int, maximum: int | None = None) -> int:
@@ -215,6 +239,8 @@ class ModelRunner:
         self.page_size = page_size
         self.num_pages = num_pages
         self.mesh = mesh
+        # host inputs of a slice spanning processes: replicated over the whole mesh
+        self._replicated = NamedSharding(mesh, PartitionSpec()) if spans_processes(mesh) else None
         self.plan = make_plan(cfg, attention_impl, mesh)
         self.impl = self.plan.impl  # resolved: reference | cpu | tpu | gpu
         dtype = jnp_dtype(cfg)
@@ -237,7 +263,20 @@ class ModelRunner:
         else:
             self.k_all, self.v_all = jnp.zeros(shape, dtype), jnp.zeros(shape, dtype)
 
+    def device_input(self, x, dtype=None) -> jax.Array:
+        """A host array as a step input: on this process's default device, or replicated over a
+        mesh that spans processes (every process passes the same value)."""
+        if self._replicated is None:
+            return jnp.asarray(x, dtype)
+        return jax.device_put(np.asarray(x, dtype), self._replicated)
+
     def set_params(self, params: Params) -> None:
+        if self._replicated is not None:
+            # this process's arrays go to the mesh through the host: each process places its
+            # own shards of the same values
+            params = jax.tree.map(
+                lambda x: np.asarray(x) if isinstance(x, jax.Array) and x.is_fully_addressable
+                else x, params)
         self.params = shard_params(params, self.mesh, self.rules) if self.mesh is not None else params
 
     def _executable(self, fn, dev: dict, **static):
@@ -263,46 +302,47 @@ class ModelRunner:
         """Run a step and sample one token per row; host arrays (tokens [rows], logprobs
         [rows], top-logprobs or None)."""
         layout = batch.layout
-        dev = {k: jnp.asarray(v) for k, v in batch.arrays().items()}
+        dev = {k: self.device_input(v) for k, v in batch.arrays().items()}
         exe = self._executable(_sample_step, dev, cfg=self.cfg, layout=layout, plan=self.plan,
                                num_top=num_top)
         self.k_all, self.v_all, toks, lps, top = exe(self.params, self.k_all, self.v_all, dev)
-        toks, lps = np.asarray(toks), np.asarray(lps)
+        toks, lps = to_host(toks), to_host(lps)
         if top is not None:
-            top = (np.asarray(top[0]), np.asarray(top[1]))
+            top = (to_host(top[0]), to_host(top[1]))
         return toks, lps, top
 
     def verify(self, batch: StepBatch):
         """Run a speculative step; returns host arrays (tokens [n_dec, q], logprobs [n_dec, q],
         num_accepted [n_dec], accepted_nodes [n_dec, q-1]) and the prefill (tokens, logprobs)."""
         layout = batch.layout
-        dev = {k: jnp.asarray(v) for k, v in batch.arrays().items()}
+        dev = {k: self.device_input(v) for k, v in batch.arrays().items()}
         exe = self._executable(_verify_step, dev, cfg=self.cfg, layout=layout, plan=self.plan)
         self.k_all, self.v_all, res, pre = exe(self.params, self.k_all, self.v_all, dev)
-        out = (np.asarray(res.tokens), np.asarray(res.logprobs), np.asarray(res.num_accepted),
-               np.asarray(res.accepted_nodes))
-        return out, (None if pre is None else (np.asarray(pre[0]), np.asarray(pre[1])))
+        out = (to_host(res.tokens), to_host(res.logprobs), to_host(res.num_accepted),
+               to_host(res.accepted_nodes))
+        return out, (None if pre is None else (to_host(pre[0]), to_host(pre[1])))
 
     def move_slots(self, src: list[int], dst: list[int]) -> None:
         """Copy the K/V at cache slots src to slots dst (all layers): compacts an accepted tree
         path into consecutive positions."""
         if src:
-            self.k_all, self.v_all = _move_slots(self.k_all, self.v_all, jnp.asarray(src, jnp.int32),
-                                                 jnp.asarray(dst, jnp.int32))
+            self.k_all, self.v_all = _move_slots(self.k_all, self.v_all,
+                                                 self.device_input(src, jnp.int32),
+                                                 self.device_input(dst, jnp.int32))
 
     def copy_pages(self, pairs: list[tuple[int, int]]) -> None:
         if not pairs:
             return
-        src = jnp.asarray([p[0] for p in pairs], jnp.int32)
-        dst = jnp.asarray([p[1] for p in pairs], jnp.int32)
+        src = self.device_input([p[0] for p in pairs], jnp.int32)
+        dst = self.device_input([p[1] for p in pairs], jnp.int32)
         self.k_all, self.v_all = _copy_pages(self.k_all, self.v_all, src, dst)
 
     def read_kv(self, pages: list[int], num_tokens: int) -> tuple[np.ndarray, np.ndarray]:
         """Host copies [num_layers, num_kv_heads, num_tokens, head_dim] of a page table's tokens."""
-        k, v = _read_pages(self.k_all, self.v_all, jnp.asarray(pages, jnp.int32))
+        k, v = _read_pages(self.k_all, self.v_all, self.device_input(pages, jnp.int32))
         L, H, P, S, D = k.shape
-        k = np.asarray(k).reshape(L, H, P * S, D)[:, :: self.kv_repeat, :num_tokens]
-        v = np.asarray(v).reshape(L, H, P * S, D)[:, :: self.kv_repeat, :num_tokens]
+        k = to_host(k).reshape(L, H, P * S, D)[:, :: self.kv_repeat, :num_tokens]
+        v = to_host(v).reshape(L, H, P * S, D)[:, :: self.kv_repeat, :num_tokens]
         return k, v
 
     def write_kv(self, pages: list[int], k: np.ndarray, v: np.ndarray) -> None:
@@ -315,5 +355,6 @@ class ModelRunner:
         k = np.pad(k, ((0, 0), (0, 0), (0, pad), (0, 0))).reshape(L, H, len(pages), S, D)
         v = np.pad(v, ((0, 0), (0, 0), (0, pad), (0, 0))).reshape(L, H, len(pages), S, D)
         dtype = self.k_all.dtype
-        self.k_all, self.v_all = _write_pages(self.k_all, self.v_all, jnp.asarray(pages, jnp.int32),
-                                              jnp.asarray(k, dtype), jnp.asarray(v, dtype))
+        self.k_all, self.v_all = _write_pages(self.k_all, self.v_all,
+                                              self.device_input(pages, jnp.int32),
+                                              self.device_input(k, dtype), self.device_input(v, dtype))

@@ -50,8 +50,9 @@ def default_config() -> ml_collections.ConfigDict:
     c.policies = "seer"  # the scheduling policy (one name)
     c.controller = ml_collections.ConfigDict(dataclasses.asdict(ControllerConfig(chunk_size=64)))
     c.policy = default_policy_options()  # policy.<name>.<option>
-    # where instances run: "inprocess" (mesh slices of one process) or "ray" (one Ray actor per
-    # slice, one placement-group bundle per slice host; see docs/deployment.md)
+    # where instances run: "inprocess" (mesh slices of one process) or "ray" (one Ray actor and
+    # one placement-group bundle per slice host; a slice spans hosts_per_slice hosts under
+    # jax.distributed; see docs/deployment.md)
     c.backend = ml_collections.ConfigDict(dict(
         kind="inprocess", ray_address="", resource="CPU", strategy="SPREAD", step_timeout_s=600.0,
         hosts_per_slice=1))
@@ -192,16 +193,18 @@ def validate_backend(c: ml_collections.ConfigDict) -> list[dict[str, float]]:
         raise ConfigError(f"config.backend.kind={b.kind!r} is invalid; allowed: inprocess, ray")
     if b.kind == "inprocess":
         return []
+    hosts = b.hosts_per_slice
     try:
         ray_cfg = RayBackendConfig(address=b.ray_address, resource=b.resource, strategy=b.strategy,
-                                   step_timeout_s=b.step_timeout_s).validate()
+                                   step_timeout_s=b.step_timeout_s,
+                                   hosts_per_slice=hosts).validate()
     except ConfigError as e:
         raise ConfigError(f"config.backend.{e}".replace("ray ", "", 1)) from None
     if b.resource != PLATFORM_RESOURCE[c.platform]:
         raise ConfigError(f"config.backend.resource={b.resource!r} is invalid; allowed: "
                           f"{PLATFORM_RESOURCE[c.platform]!r} on platform {c.platform!r}")
-    hosts = b.hosts_per_slice
-    if hosts != 1:
-        raise ConfigError(f"config.backend.hosts_per_slice={hosts!r} is invalid; allowed: 1 "
-                          "(a slice spanning hosts under jax.distributed is not supported yet)")
-    return [ray_cfg.bundle(c.mesh.tp) for _ in range(c.mesh.num_instances)]
+    if c.mesh.tp % hosts:
+        raise ConfigError(f"config.backend.hosts_per_slice={hosts!r} is invalid; allowed: a "
+                          f"divisor of mesh.tp={c.mesh.tp} (each host holds tp / hosts_per_slice "
+                          "devices of its slice)")
+    return [ray_cfg.bundle(c.mesh.tp) for _ in range(c.mesh.num_instances * hosts)]

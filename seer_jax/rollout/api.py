@@ -55,6 +55,9 @@ def default_config() -> ml_collections.ConfigDict:
     c.ray_address = ""  # "" = start a local cluster on 127.0.0.1; else join this cluster
     c.ray_resource = "CPU"  # what each slice's placement-group bundle reserves: CPU, GPU or TPU
     c.ray_step_timeout_s = 600.0  # an actor silent this long in a step is killed and lost
+    # hosts one slice spans: one actor and bundle per host, tp / hosts devices each, joined
+    # under jax.distributed
+    c.ray_hosts_per_slice = 1
     # fault injection (clock "concurrent"): kill instance K after N chunks ended (-1 = off)
     c.fault_kill_instance = -1
     c.fault_after_chunks = 0
@@ -123,7 +126,8 @@ def validate_config(c: ml_collections.ConfigDict, catalog: PolicyCatalog = CATAL
             bad("time_model", c.time_model, "allowed: measured with backend='ray'")
         try:
             RayBackendConfig(address=c.ray_address, resource=c.ray_resource,
-                             step_timeout_s=c.ray_step_timeout_s).validate()
+                             step_timeout_s=c.ray_step_timeout_s,
+                             hosts_per_slice=c.ray_hosts_per_slice).validate().check_tp(c.tp)
         except ConfigError as e:
             raise ConfigError(f"config.{e}".replace("ray ", "ray_", 1)) from None
     if c.fault_kill_instance != -1:
@@ -283,7 +287,8 @@ def _ray_group(c, cfg, engine_cfg, eos, group):
     if group is not None:
         group.shutdown()
     backend = RayBackendConfig(address=c.ray_address, resource=c.ray_resource,
-                               step_timeout_s=c.ray_step_timeout_s)
+                               step_timeout_s=c.ray_step_timeout_s,
+                               hosts_per_slice=c.ray_hosts_per_slice)
     # each actor loads the weights itself from the model name/path (no copy in the object store)
     return make_ray_instances(cfg, c.model, num_instances=c.num_instances, tp=c.tp,
                               engine_config=engine_cfg, backend=backend, dtype=c.dtype,

@@ -42,6 +42,8 @@ class RayBackendConfig:
     object_store_mb: object-store size of a local cluster (KV pool blobs and weights live there).
     num_cpus: logical CPUs of a local cluster (0 = max(os.cpu_count(), instances)).
     env: extra environment variables of every engine actor (e.g. a JAX compilation cache dir).
+    hosts_per_slice: hosts one slice spans (one actor and one bundle per host, the slice's tp
+    devices split evenly over them, joined under `jax.distributed`).
     """
 
     address: str = ""
@@ -51,6 +53,7 @@ class RayBackendConfig:
     object_store_mb: int = 400
     num_cpus: int = 0
     env: dict[str, str] = dataclasses.field(default_factory=dict)  # extra actor env vars
+    hosts_per_slice: int = 1
 
     def validate(self) -> RayBackendConfig:
         if self.resource not in RESOURCES:
@@ -64,14 +67,27 @@ class RayBackendConfig:
                 f"ray object_store_mb={self.object_store_mb!r} is invalid; allowed: an integer >= 80")
         if not isinstance(self.num_cpus, int) or self.num_cpus < 0:
             raise ConfigError(f"ray num_cpus={self.num_cpus!r} is invalid; allowed: an integer >= 0")
+        hosts = self.hosts_per_slice
+        if not isinstance(hosts, int) or isinstance(hosts, bool) or hosts < 1:
+            raise ConfigError(
+                f"ray hosts_per_slice={hosts!r} is invalid; allowed: an integer >= 1")
         return self
 
+    def check_tp(self, tp: int) -> None:
+        """ConfigError unless tp devices split evenly over the slice's hosts."""
+        if tp % self.hosts_per_slice:
+            raise ConfigError(f"ray hosts_per_slice={self.hosts_per_slice!r} is invalid for "
+                              f"tp={tp}; allowed: a divisor of tp (each host holds tp / hosts "
+                              "devices of the slice)")
+
     def bundle(self, tp: int) -> dict[str, float]:
-        """The resources of one instance's bundle (one host's share of the slice)."""
-        return {"CPU": 1.0} if self.resource == "CPU" else {self.resource: float(tp)}
+        """The resources of one host's bundle (its tp / hosts_per_slice devices of the slice)."""
+        per_host = tp // self.hosts_per_slice
+        return {"CPU": 1.0} if self.resource == "CPU" else {self.resource: float(per_host)}
 
     def actor_env(self, tp: int) -> dict[str, str]:
-        """Environment of an engine actor, set before it imports jax."""
+        """Environment of an engine actor (one host of a slice of tp devices), set before it
+        imports jax."""
         env = {}
         jax = sys.modules.get("jax")
         precision = jax.config.jax_default_matmul_precision if jax is not None else None
@@ -81,7 +97,8 @@ class RayBackendConfig:
             env["JAX_PLATFORMS"] = "cpu"
             flags = os.environ.get("XLA_FLAGS", "")
             flags = " ".join(f for f in flags.split() if "xla_force_host_platform_device_count" not in f)
-            env["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={tp}".strip()
+            per_host = tp // self.hosts_per_slice
+            env["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={per_host}".strip()
         env.update(self.env)
         if not self.address:
             # a local cluster runs this checkout's code, even when it is not the installed one

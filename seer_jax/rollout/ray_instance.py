@@ -17,8 +17,17 @@ what `ConcurrentDriver` does. An actor that dies, raises from a step, or does no
 
 Weights: `RayInstanceGroup.update_params(params, version)` puts the new weights into the object
 store once and every actor applies them between two steps, only when it has no chunk in flight
-(the engine refuses otherwise), so no response mixes two versions. A multi-host slice (one actor
-per host under `jax.distributed`) is not built here: each slice is one actor on one host.
+(the engine refuses otherwise), so no response mixes two versions.
+
+Multi-host slices (`RayBackendConfig.hosts_per_slice` = H > 1): a slice is H actors, one per
+host bundle, that join one `jax.distributed` cluster (the leader, host 0, picks a free port on
+its node; the others connect to it) and build the same engine over the global mesh of all their
+devices. Every state-changing call (submit, abort, set_now, step, update_params, reset, fault
+injection) goes to all H actors in the same order, so their host-side schedulers stay identical
+and their device steps run as one SPMD program. The proxy answers from the leader's results; the
+followers return a digest of theirs, checked against the leader's. KV moving between slices is
+written by the leader only, and a KV handle is resolved once by the proxy so that every host
+imports the same blob (or none). A host that dies, raises or hangs loses the whole slice.
 """
 
 from __future__ import annotations
@@ -64,28 +73,71 @@ class EngineActor:
 
     def __init__(self, instance_id: int, cfg: ModelConfig, weights: Weights, dtype: str,
                  engine_config: EngineConfig, tp: int, pool: KVPool,
-                 eos_ids: tuple[int, ...] | None, record_steps: bool):
+                 eos_ids: tuple[int, ...] | None, record_steps: bool, host: int = 0,
+                 hosts: int = 1):
+        """host, hosts: this actor's place in a slice of `hosts` actors; with hosts > 1 nothing
+        touches jax here (`jax.distributed` must start first): `join` builds the engine once
+        every host of the slice has started."""
+        self.instance_id = instance_id
+        self.host, self.hosts, self.tp = host, hosts, tp
+        self.engine_config = engine_config
+        self.base_pool = pool
+        self.pool = _HostPool(pool, leader=host == 0) if hosts > 1 else pool
+        self.eos_ids = eos_ids
+        self.record_steps = record_steps
+        self.cfg, self.params, self.dtype = cfg, weights, dtype
+        self.params_version = 0
+        self.fault: str | None = None
+        self.inst = None
+        if hosts == 1:
+            self.devices = self._local_devices()
+            self._build()
+
+    def _local_devices(self) -> list:
+        """This host's devices of the slice (loading the weights first when given a path)."""
         import jax
 
         devices = jax.local_devices()
-        if len(devices) < tp:
-            raise SeerError(f"actor {instance_id}: tp={tp} needs {tp} devices, this process sees "
+        per_host = self.tp // self.hosts
+        if len(devices) < per_host:
+            raise SeerError(f"actor {self.instance_id}/{self.host}: tp={self.tp} over {self.hosts} "
+                            f"host(s) needs {per_host} devices per host, this process sees "
                             f"{len(devices)} ({devices[0].platform})")
-        self.instance_id = instance_id
-        self.devices = devices[:tp]
-        self.engine_config = engine_config
-        self.pool = pool
-        self.eos_ids = eos_ids
-        self.record_steps = record_steps
-        if isinstance(weights, str):
+        if isinstance(self.params, str):
             from seer_jax.model import load
 
-            cfg, weights, _ = load(weights, dtype)
-        self.cfg = cfg
-        self.params = weights
-        self.params_version = 0
-        self.fault: str | None = None
+            self.cfg, self.params, _ = load(self.params, self.dtype)
+        return devices[:per_host]
+
+    def coordinator(self) -> str:
+        """(Leader) the `jax.distributed` coordinator address: this node's address and a port
+        free on it."""
+        import socket
+
+        import ray
+
+        with socket.socket() as s:
+            s.bind(("", 0))
+            port = s.getsockname()[1]
+        return f"{ray.util.get_node_ip_address()}:{port}"
+
+    def join(self, coordinator: str, timeout_s: int = 300) -> int:
+        """Join the slice's `jax.distributed` cluster (every host of the slice at once) and build
+        the engine over the global mesh of the slice's devices; returns the process index."""
+        import jax
+
+        if os.environ.get("JAX_PLATFORMS") == "cpu":
+            jax.config.update("jax_cpu_collectives_implementation", "gloo")
+        jax.distributed.initialize(coordinator_address=coordinator, num_processes=self.hosts,
+                                   process_id=self.host, initialization_timeout=timeout_s)
+        self._local_devices()
+        devices = jax.devices()
+        if len(devices) != self.tp:
+            raise SeerError(f"actor {self.instance_id}/{self.host}: the slice's {self.hosts} hosts "
+                            f"hold {len(devices)} devices; tp={self.tp} needs exactly that many")
+        self.devices = devices
         self._build()
+        return jax.process_index()
 
     def _build(self) -> None:
         from jax.sharding import Mesh
@@ -106,7 +158,11 @@ class EngineActor:
             progress=inst.running_progress(), params_version=self.params_version,
             pid=os.getpid())
 
-    def submit(self, chunk: ChunkRequest) -> None:
+    def submit(self, chunk: ChunkRequest, kv_refs: list | None = None) -> None:
+        """kv_refs (multi-host slices): the chunk's KV handle as the proxy resolved it, [ref] or
+        [] (missing), so that every host imports the same blob or none."""
+        if kv_refs is not None and chunk.kv_handle is not None:
+            self.pool.resolve(chunk.kv_handle, kv_refs)
         self.inst.submit(chunk)
 
     def set_now(self, t: float) -> None:
@@ -115,12 +171,15 @@ class EngineActor:
     def abort(self, request_id: str) -> None:
         self.inst.abort(request_id)
 
-    def step(self) -> tuple[StepReport, ActorSnapshot]:
+    def step(self) -> tuple[StepReport, ActorSnapshot] | tuple[tuple, None]:
+        """The leader's report and snapshot; a follower returns the digest of its report."""
         if self.fault == "raise":
             raise SeerError(f"injected fault on instance {self.instance_id}")
         if self.fault == "hang":
             time.sleep(3600)
         rep = self.inst.step()
+        if self.host > 0:
+            return report_digest(rep), None
         return rep, self.snapshot()
 
     def inject_fault(self, kind: str) -> None:
@@ -136,7 +195,9 @@ class EngineActor:
     def reset(self, pool: KVPool | None = None) -> ActorSnapshot:
         """A fresh engine (empty caches, clock 0, empty step log) with the current weights, and
         a new KV pool when given."""
-        self.pool = pool or self.pool
+        self.base_pool = pool or self.base_pool
+        self.pool = (_HostPool(self.base_pool, leader=self.host == 0) if self.hosts > 1
+                     else self.base_pool)
         self._build()
         return self.snapshot()
 
@@ -144,12 +205,56 @@ class EngineActor:
         return list(self.inst.step_log or [])
 
 
-class RayInstance:
-    """Controller-side proxy of one `EngineActor`; implements `Instance`."""
+def report_digest(rep: StepReport) -> tuple:
+    """What every host of a slice must agree on after a step: the tokens each chunk got."""
+    return tuple((r.request_id, tuple(r.new_token_ids), r.finish_reason) for r in rep.finished)
 
-    def __init__(self, instance_id: int, actor: Any, snapshot: ActorSnapshot, step_timeout_s: float):
+
+class _HostPool:
+    """The KV pool as one host of a multi-host slice sees it: handles were resolved by the proxy
+    (`resolve`) so every host imports the same blob, and only the leader writes (every host holds
+    the same full KV of a finished chunk)."""
+
+    def __init__(self, pool: Any, leader: bool):
+        self.pool, self.leader = pool, leader
+        self._resolved: dict[str, list] = {}
+
+    def resolve(self, handle: str, refs: list) -> None:
+        self._resolved[handle] = refs
+
+    def get(self, handle: str) -> object | None:
+        import ray
+
+        from seer_jax.rollout.ray_pool import GET_TIMEOUT_S
+
+        refs = self._resolved.pop(handle, [])
+        if not refs:
+            return None
+        t0 = time.perf_counter()
+        try:
+            blob = ray.get(refs[0], timeout=GET_TIMEOUT_S)
+        except (ray.exceptions.ObjectLostError, ray.exceptions.GetTimeoutError):
+            return None
+        if self.leader:
+            self.pool.directory.record_get.remote(time.perf_counter() - t0)
+        return blob
+
+    def put(self, request_id: str, blob: object, nbytes: int) -> str:
+        return self.pool.put(request_id, blob, nbytes) if self.leader else ""
+
+
+class RayInstance:
+    """Controller-side proxy of one slice: one `EngineActor`, or the actors of a multi-host
+    slice (leader first); implements `Instance`."""
+
+    def __init__(self, instance_id: int, actor: Any, snapshot: ActorSnapshot, step_timeout_s: float,
+                 followers: Sequence[Any] = (), pool: Any = None):
+        """followers: the other hosts' actors of a multi-host slice; pool: the `RayKVPool` whose
+        handles the proxy resolves for them."""
         self.instance_id = instance_id
         self.actor = actor
+        self.actors = [actor, *followers]
+        self.pool = pool
         self.snap = snapshot
         self.step_timeout_s = step_timeout_s
         self.lost = False
@@ -162,13 +267,26 @@ class RayInstance:
     def set_now(self, t: float) -> None:
         if t > self.snap.now:
             self.snap.now = t
-            self.actor.set_now.remote(t)
+            for a in self.actors:
+                a.set_now.remote(t)
 
     def submit(self, chunk: ChunkRequest) -> None:
         if self.lost:
             raise InstanceLostError(f"instance {self.instance_id} is lost")
-        self._submits.append(self.actor.submit.remote(chunk))
+        if len(self.actors) == 1:
+            self._submits.append(self.actor.submit.remote(chunk))
+        else:
+            refs = self._resolve(chunk.kv_handle)
+            self._submits.extend(a.submit.remote(chunk, refs) for a in self.actors)
         self.snap.has_work = True
+
+    def _resolve(self, handle: str | None) -> list:
+        """A KV handle as [object ref] or [] (missing), read once for every host of the slice."""
+        if handle is None or self.pool is None:
+            return []
+        import ray
+
+        return ray.get(self.pool.directory.get.remote(handle)) or []
 
     def has_work(self) -> bool:
         return self.snap.has_work
@@ -183,7 +301,15 @@ class RayInstance:
         return dict(self.snap.progress)
 
     def abort(self, request_id: str) -> None:
-        self.actor.abort.remote(request_id)
+        for a in self.actors:
+            a.abort.remote(request_id)
+
+    def inject_fault(self, kind: str, host: int | None = None) -> None:
+        """Fault injection (tests, demos): the next step of every host (or of `host` only)
+        raises ("raise") or hangs ("hang")."""
+        for h, a in enumerate(self.actors):
+            if host is None or h == host:
+                a.inject_fault.remote(kind)
 
     def step(self) -> StepReport:
         return self.finish_step(self.start_step())
@@ -192,13 +318,17 @@ class RayInstance:
     def start_step(self) -> Any:
         if self.lost:
             raise InstanceLostError(f"instance {self.instance_id} is lost")
-        return self.actor.step.remote()
+        return [a.step.remote() for a in self.actors]
 
-    def finish_step(self, ref: Any) -> StepReport:
+    def finish_step(self, refs: Any) -> StepReport:
         import ray
 
         submits, self._submits = self._submits, []
-        rep, snap = self._get(ref, self.step_timeout_s)
+        (rep, snap), *followers = self._get(refs, self.step_timeout_s)
+        digest = report_digest(rep)
+        for h, (other, _) in enumerate(followers, 1):
+            if other != digest:
+                self._lose(f"host {h} diverged from the slice's leader")
         try:
             ray.get(submits)  # done already: the actor ran them before this step
         except ray.exceptions.RayTaskError as e:
@@ -207,25 +337,39 @@ class RayInstance:
         return rep
 
     def check_alive(self, timeout_s: float = 30.0) -> None:
-        """Raise InstanceLostError unless the actor answers within timeout_s."""
-        self.snap = self._get(self.actor.snapshot.remote(), timeout_s)
+        """Raise InstanceLostError unless every host's actor answers within timeout_s."""
+        self.snap = self._get([a.snapshot.remote() for a in self.actors], timeout_s)[0]
 
     def kill(self) -> None:
         import ray
 
-        ray.kill(self.actor, no_restart=True)
+        for a in self.actors:
+            ray.kill(a, no_restart=True)
 
-    def _get(self, ref: Any, timeout_s: float) -> Any:
+    def _get(self, refs: list, timeout_s: float) -> list:
+        """Every host's answer, or InstanceLostError (and the slice killed) as soon as one host
+        dies or raises, or when not all answered within timeout_s."""
         import ray
 
+        deadline = time.monotonic() + timeout_s
+        pending = list(refs)
         try:
-            return ray.get(ref, timeout=timeout_s)
+            while pending:
+                ready, pending = ray.wait(pending, num_returns=1,
+                                          timeout=max(0.0, deadline - time.monotonic()))
+                if not ready:
+                    raise ray.exceptions.GetTimeoutError()
+                ray.get(ready)  # raises at once when that host died or raised
+            return ray.get(refs)
         except ray.exceptions.GetTimeoutError:
             why = f"no answer within {timeout_s:g} s"
         except ray.exceptions.RayActorError as e:
             why = f"actor died ({type(e).__name__})"
         except ray.exceptions.RayTaskError as e:
             why = f"step raised {type(e.cause).__name__}: {e.cause}"
+        self._lose(why)
+
+    def _lose(self, why: str) -> None:
         self.lost = True
         self.kill()
         raise InstanceLostError(f"instance {self.instance_id} lost: {why}")
@@ -254,10 +398,10 @@ class RayInstanceGroup:
             raise SeerError(f"update_params with chunks in flight on instances {busy}; "
                             "sync between rollouts")
         ref = ray.put(numpy_params(params))
-        got = ray.get([i.actor.update_params.remote(version, ref) for i in live])
+        got = ray.get([a.update_params.remote(version, ref) for i in live for a in i.actors])
         for inst in live:
             inst.snap.params_version = version
-        assert got == [version] * len(live)
+        assert got == [version] * len(got)
         self.params_version = version
         return version
 
@@ -270,9 +414,10 @@ class RayInstanceGroup:
 
         old, self.pool = self.pool, RayKVPool.create(self.pool_capacity_bytes)
         live = [i for i in self.instances if not i.lost]
-        snaps = ray.get([i.actor.reset.remote(self.pool) for i in live])
-        for inst, snap in zip(live, snaps, strict=True):
-            inst.snap = snap
+        refs = [[a.reset.remote(self.pool) for a in i.actors] for i in live]
+        for inst, snaps in zip(live, refs, strict=True):
+            inst.snap = ray.get(snaps)[0]  # the leader's
+            inst.pool = self.pool
         if hasattr(old, "shutdown"):
             old.shutdown()
 
@@ -290,7 +435,8 @@ class RayInstanceGroup:
         import ray
 
         for inst in self.instances:
-            ray.kill(inst.actor, no_restart=True)
+            for a in inst.actors:
+                ray.kill(a, no_restart=True)
         if hasattr(self.pool, "shutdown"):
             self.pool.shutdown()
         if self.placement_group is not None:
@@ -302,44 +448,58 @@ def make_ray_instances(cfg: ModelConfig, weights: Weights, *, num_instances: int
                        dtype: str = "float32", eos_ids: Sequence[int] | None = None,
                        pool_capacity_bytes: int | None = None,
                        record_steps: bool = False) -> RayInstanceGroup:
-    """Start one engine actor per slice (placement group: one bundle per slice host) sharing an
-    object-store KV pool. weights: a params tree (sent as numpy arrays, one object-store copy)
-    or a model name/path each actor loads itself."""
+    """Start the engine actors, one per slice host (`backend.hosts_per_slice` per slice; the
+    placement group has one bundle per host), sharing an object-store KV pool. weights: a params
+    tree (sent as numpy arrays, one object-store copy) or a model name/path each actor loads
+    itself."""
     from seer_jax.rollout.ray_pool import RayKVPool
 
     backend = (backend or RayBackendConfig()).validate()
-    ray = ensure_ray(backend, min_cpus=num_instances)
+    hosts = backend.hosts_per_slice
+    backend.check_tp(tp)
+    ray = ensure_ray(backend, min_cpus=num_instances * hosts)
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
     bundle = backend.bundle(tp)
-    pg = ray.util.placement_group([dict(bundle) for _ in range(num_instances)],
+    pg = ray.util.placement_group([dict(bundle) for _ in range(num_instances * hosts)],
                                   strategy=backend.strategy)
     try:
         ray.get(pg.ready(), timeout=min(backend.step_timeout_s, PLACEMENT_TIMEOUT_S))
     except ray.exceptions.GetTimeoutError:
         ray.util.remove_placement_group(pg)
         raise SeerError(
-            f"the cluster cannot place {num_instances} bundles of {bundle} "
+            f"the cluster cannot place {num_instances * hosts} bundles of {bundle} "
             f"(strategy {backend.strategy}); available: {ray.available_resources()}") from None
     pool = RayKVPool.create(pool_capacity_bytes)
     weights_arg = weights if isinstance(weights, str) else ray.put(numpy_params(weights))
     actor_cls = ray.remote(EngineActor)
-    actors = []
+    per_host = tp // hosts
+    slices: list[list[Any]] = []
     for i in range(num_instances):
-        opts: dict[str, Any] = dict(
-            num_cpus=bundle.get("CPU", 0),
-            scheduling_strategy=PlacementGroupSchedulingStrategy(
-                placement_group=pg, placement_group_bundle_index=i),
-            runtime_env={"env_vars": backend.actor_env(tp)},
-            max_restarts=0)
-        if backend.resource == "GPU":
-            opts["num_gpus"] = tp
-        elif backend.resource == "TPU":
-            opts["resources"] = {"TPU": tp}
-        actors.append(actor_cls.options(**opts).remote(
-            i, cfg, weights_arg, dtype, engine_config, tp, pool,
-            tuple(eos_ids) if eos_ids is not None else None, record_steps))
-    snaps = ray.get([a.snapshot.remote() for a in actors], timeout=backend.step_timeout_s)
-    instances = [RayInstance(i, a, s, backend.step_timeout_s)
-                 for i, (a, s) in enumerate(zip(actors, snaps, strict=True))]
+        slices.append([])
+        for h in range(hosts):
+            opts: dict[str, Any] = dict(
+                num_cpus=bundle.get("CPU", 0),
+                scheduling_strategy=PlacementGroupSchedulingStrategy(
+                    placement_group=pg, placement_group_bundle_index=i * hosts + h),
+                runtime_env={"env_vars": backend.actor_env(tp)},
+                max_restarts=0)
+            if backend.resource == "GPU":
+                opts["num_gpus"] = per_host
+            elif backend.resource == "TPU":
+                opts["resources"] = {"TPU": per_host}
+            slices[-1].append(actor_cls.options(**opts).remote(
+                i, cfg, weights_arg, dtype, engine_config, tp, pool,
+                tuple(eos_ids) if eos_ids is not None else None, record_steps, h, hosts))
+    if hosts > 1:  # every host of a slice joins its leader's jax.distributed cluster at once
+        leaders = ray.get([actors[0].coordinator.remote() for actors in slices],
+                          timeout=backend.step_timeout_s)
+        timeout = int(backend.step_timeout_s)
+        ray.get([a.join.remote(addr, timeout) for addr, actors in zip(leaders, slices, strict=True)
+                 for a in actors], timeout=backend.step_timeout_s)
+    snaps = ray.get([actors[0].snapshot.remote() for actors in slices],
+                    timeout=backend.step_timeout_s)
+    instances = [RayInstance(i, actors[0], s, backend.step_timeout_s, followers=actors[1:],
+                             pool=pool)
+                 for i, (actors, s) in enumerate(zip(slices, snaps, strict=True))]
     return RayInstanceGroup(instances, pool, pg, pool_capacity_bytes)

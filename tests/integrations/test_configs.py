@@ -90,11 +90,21 @@ def test_pod_and_gpu_configs_run_on_ray_one_bundle_per_slice_host():
     assert validate_config(default_config())["ray_bundles"] == []
 
 
+def test_multi_host_slices_get_one_bundle_per_host():
+    c = load_config_file(CONFIG_DIR / "gpu_4x8xh100_llama31_405b.py")
+    assert (c.mesh.num_instances, c.mesh.tp, c.backend.hosts_per_slice) == (2, 16, 2)
+    assert validate_config(c)["ray_bundles"] == [{"GPU": 8.0}] * 4  # 2 slices x 2 hosts
+    v5p = load_config_file(CONFIG_DIR / "tpu_v5p64_qwen25_7b.py",
+                           ["--config.backend.hosts_per_slice=2"])
+    assert validate_config(v5p)["ray_bundles"] == [{"TPU": 2.0}] * 16
+
+
 @pytest.mark.parametrize("override, key", [
     (["--config.backend.kind=mpi"], r"config\.backend\.kind='mpi' is invalid; allowed: inprocess, ray"),
     (["--config.backend.resource=GPU"], r"config\.backend\.resource='GPU' is invalid; allowed: 'TPU' on platform 'tpu'"),
     (["--config.backend.strategy=RANDOM"], r"config\.backend\.strategy='RANDOM' is invalid; allowed: \['PACK'"),
-    (["--config.backend.hosts_per_slice=2"], r"config\.backend\.hosts_per_slice=2 is invalid; allowed: 1"),
+    (["--config.backend.hosts_per_slice=3"], r"config\.backend\.hosts_per_slice=3 is invalid; allowed: a divisor of mesh\.tp=4"),
+    (["--config.backend.hosts_per_slice=0"], r"config\.backend\.hosts_per_slice=0 is invalid; allowed: an integer >= 1"),
 ])
 def test_bad_backend_values_name_key_value_and_allowed(override, key):
     c = load_config_file(CONFIG_DIR / "tpu_v5p64_qwen25_7b.py", override)

@@ -73,6 +73,8 @@ def test_fault_plan_needs_the_concurrent_clock_and_a_real_instance():
     ("fault_kill_instance", 2, r"config.fault_kill_instance=2 is invalid: allowed: -1 \(off\) or 0..1"),
     ("fault_after_chunks", -1, r"config.fault_after_chunks=-1 is invalid"),
     ("ray_resource", "NPU", r"config.ray_resource='NPU' is invalid; allowed: \['CPU', 'GPU', 'TPU'\]"),
+    ("ray_hosts_per_slice", 0, r"config.ray_hosts_per_slice=0 is invalid; allowed: an integer >= 1"),
+    ("ray_hosts_per_slice", 2, r"config.ray_hosts_per_slice=2 is invalid for tp=1; allowed: a divisor of tp"),
 ])
 def test_backend_config_errors_name_key_value_allowed(key, value, msg):
     c = default_config()

@@ -4,6 +4,7 @@ raising and hung actors) re-dispatched without losing or duplicating a response.
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 
 import jax
@@ -14,6 +15,7 @@ from seer_jax.model.generate import generate
 from seer_jax.model.llama import init_params
 from seer_jax.rollout.concurrent_driver import FaultPlan
 from seer_jax.rollout.engine_instance import make_engine_instances
+from seer_jax.rollout.instance import InstanceLostError
 from seer_jax.rollout.kv_pool import HostKVPool
 from seer_jax.rollout.ray_cluster import RayBackendConfig, require_ray
 from seer_jax.rollout.run import rollout
@@ -196,5 +198,40 @@ def test_raising_and_hung_actors_are_lost_and_their_chunks_rerun(ray_cluster, ba
         assert out.report.redispatched_chunks >= 2
         with pytest.raises(SeerError, match="instance 2 lost"):
             group.instances[2].check_alive(timeout_s=5.0)
+    finally:
+        group.shutdown()
+
+
+def test_two_host_slice_matches_inprocess_tp2(ray_cluster, backend, reference):
+    """One slice over two host actors (one CPU device each, tp=2 under jax.distributed): the
+    same greedy tokens as tp=2 in this process after a weight sync; chunks continue through the
+    KV pool; a follower that dies loses the whole slice."""
+    from seer_jax.rollout.ray_instance import make_ray_instances
+
+    group = make_ray_instances(CFG, PARAMS, num_instances=1, tp=2, engine_config=ENGINE,
+                               backend=dataclasses.replace(backend, hosts_per_slice=2))
+    try:
+        inst = group.instances[0]
+        follower = ray_cluster.get(inst.actors[1].snapshot.remote())
+        assert len(inst.actors) == 2 and follower.pid != inst.snap.pid
+        # new weights reach both hosts (re-sharded over the two-process mesh)
+        assert group.update_params(PARAMS) == 1
+        assert [ray_cluster.get(a.snapshot.remote()).params_version for a in inst.actors] == [1, 1]
+        out = _ray_rollout(group, "seer")
+        _assert_complete_and_greedy(out, reference)
+        pool = HostKVPool()
+        local = rollout(GROUPS, group_size=3, max_tokens=30, sampling=GREEDY, policy="seer",
+                        instances=make_engine_instances(CFG, PARAMS, num_instances=1, tp=2,
+                                                        engine_config=ENGINE, pool=pool,
+                                                        devices=jax.devices()[:2]),
+                        pool=pool, config={"chunk_size": 8}, clock="concurrent")
+        assert [r.token_ids for r in out.results] == [r.token_ids for r in local.results]
+        # chunks ended and continued from the KV the leader wrote, imported by both hosts
+        assert out.report.kv_bytes_imported > 0 and out.report.reprefill_tokens == 0
+        assert group.pool.stats().puts == out.report.chunks - len(out.results)
+        ray_cluster.kill(inst.actors[1], no_restart=True)
+        with pytest.raises(InstanceLostError, match="instance 0 lost"):
+            inst.check_alive(timeout_s=10.0)
+        assert group.lost == [0]
     finally:
         group.shutdown()
