@@ -201,18 +201,18 @@ def first_finisher(groups, **options):
     return bound("seer", groups, estimator="first_finisher", **options)
 
 
-def test_seer_default_is_first_finisher_without_probes():
+def test_seer_default_is_the_posterior_with_probes():
     groups = make_groups(2, 2)
     p = make_policy("seer")
     p.bind(groups, {})
-    assert p.estimator == "first_finisher" and p.starvation_pops == 0
-    assert not any(r.is_probe for g in groups for r in g.requests)
+    assert p.estimator == "posterior" and p.starvation_pops == 4 * 4
+    assert [r.is_probe for g in groups for r in g.requests] == [True, False, True, False]
     for g in groups:
         for r in g.requests:
             p.push(r)
-    # nothing known: first-come-first-served, all at priority 0
-    assert [p.priority(r) for g in groups for r in g.requests] == [0] * 4
-    assert drain(p) == ["g0/0", "g0/1", "g1/0", "g1/1"]
+    # nothing known: the probes (priority 1) first, the rest first-come-first-served
+    assert [p.priority(r) for g in groups for r in g.requests] == [1, 0, 1, 0]
+    assert drain(p) == ["g0/0", "g1/0", "g0/1", "g1/1"]
 
 
 def test_first_finisher_known_long_and_unknown_outrank_fresh_known_short():

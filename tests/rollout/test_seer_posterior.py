@@ -211,6 +211,40 @@ def test_posterior_defers_confidently_short_groups_and_learns_from_siblings():
     assert p.pop() is g0 and p.pop() is groups[1].requests[3]
 
 
+def test_posterior_ranks_a_lone_long_sibling_as_unknown_once_it_outlives_its_group():
+    # 24 groups: three siblings of each of the first 12 finish at ~50 tokens, of the rest at
+    # ~1500; the fourth sibling of short group 0 is still running
+    groups = make_groups(24, 4)
+    p = make_policy("seer")
+    p.bind(groups, {"starvation_pops": 0, "estimator": "posterior"})
+    rng = np.random.default_rng(1)
+    for gi, g in enumerate(groups):
+        base = 50 if gi < 12 else 1500
+        for r in g.requests[:3]:
+            finish_popped(p, r, int(base * math.exp(rng.normal(0, 0.2))))
+    shortest = min(r.generated for r in groups[0].requests[:3])
+    lone = groups[0].requests[3]
+
+    def rank(generated: int) -> list[int]:
+        lone.output_ids = [7] * generated
+        lone.group.record_progress(lone)
+        p.on_chunk_end(lone)
+        for g in (groups[0], *groups[12:]):
+            p.push(g.requests[3])
+        out = []
+        while (r := p.pop()) is not None:
+            out.append(r.group.index)
+        return out
+
+    # within twice its group's shortest: the model's short estimate holds, it goes last
+    assert rank(2 * shortest)[-1] == 0
+    assert p.estimate_remaining(lone) < 1500
+    # past it: ranked as if its group were unknown (max_tokens - generated), ahead of every
+    # long group's fresh sibling
+    assert rank(2 * shortest + 1)[0] == 0
+    assert p.estimate_remaining(lone) >= MAX - (2 * shortest + 1)
+
+
 def test_posterior_without_group_signal_falls_back_to_fcfs():
     groups = make_groups(3, 3)
     p = bound_posterior(groups)

@@ -79,18 +79,20 @@ def test_overcommitting_baseline_preempts_and_seer_does_not():
 def test_macro_steps_match_exact_steps(monkeypatch):
     base = ("--config.workload.num_prompts=10", "--config.workload.max_tokens=1500",
             "--config.cluster.kv_capacity_tokens=10000")
+    # the context-free policies' schedules, and seer's first_finisher rule (no progress reads),
+    # are the same with macro steps as with exact steps
+    for est in ("request_fcfs", "oracle_lfs", "first_finisher"):
+        policy = "seer" if est == "first_finisher" else est
+        opt = (f"--config.policy.seer.estimator={est}",) if policy == "seer" else ()
+        exact = simulate(_cfg(*base, *opt, "--config.cluster.macro_steps=1"), policy)
+        macro = simulate(_cfg(*base, *opt, "--config.cluster.macro_steps=64"), policy)
+        assert macro.driver_steps < exact.driver_steps / 5
+        assert macro.report.makespan_s == pytest.approx(exact.report.makespan_s, rel=1e-3)
+        assert macro.iterations == pytest.approx(exact.iterations, rel=0.01)
     # seer's posterior estimator reads the running requests' in-flight progress when it refits
     # (Policy.wants_progress); a macro step reports progress only at its end, up to 64 tokens
-    # later, so the fits see other censoring points and the schedule (and the step count) moves
-    # a little: 5.5% fewer iterations here, a 1.1% shorter makespan. Everything else is exact: the
-    # context-free policies' schedules, and seer's own once progress reads are off (below)
-    for policy, rel_iterations in (("seer", 0.07), ("request_fcfs", 0.01), ("oracle_lfs", 0.01)):
-        exact = simulate(_cfg(*base, "--config.cluster.macro_steps=1"), policy)
-        macro = simulate(_cfg(*base, "--config.cluster.macro_steps=64"), policy)
-        assert macro.driver_steps < exact.driver_steps / 5
-        assert macro.report.makespan_s == pytest.approx(exact.report.makespan_s, rel=0.03)
-        assert macro.report.tokens_per_s == pytest.approx(exact.report.tokens_per_s, rel=0.03)
-        assert macro.iterations == pytest.approx(exact.iterations, rel=rel_iterations)
+    # later, so its fits see other censoring points and on a workload this small the schedule
+    # moves (10% here). With progress reads off it is exact again:
     from seer_jax.rollout.policies.seer import SeerPolicy
 
     monkeypatch.setattr(SeerPolicy, "wants_progress", lambda self: False)

@@ -8,7 +8,7 @@ isolates one decision: how requests already under way are ranked against each ot
 fresh ones. Where it matches `oracle_group_lfs`, the whole value of group context lies in that
 decision, and the gap between `seer` and it is what seer's estimate of running requests misses.
 Built with true lengths like `oracle_lfs`; only the posterior estimator (used when seer's
-options name none or seer's default, first_finisher).
+options name none or first_finisher).
 """
 
 from __future__ import annotations

@@ -29,9 +29,10 @@ CATALOG = PolicyCatalog(POLICIES)
 def default_policy_options() -> ml_collections.ConfigDict:
     """`policy.<name>.*` config: each policy's own options with their defaults.
 
-    seer.estimator: "first_finisher" (FCFS, deferring requests of groups whose first response
-        stopped early), "posterior" (hierarchical log-normal model fitted online) or
-        "max_finished" (the paper's L_g).
+    seer.estimator: "posterior" (hierarchical log-normal model fitted online; a request that
+        outlived twice its group's shortest response ranks as unknown), "first_finisher" (FCFS,
+        deferring requests of groups whose first response stopped early) or "max_finished"
+        (the paper's L_g).
     seer.defer / seer.short_fraction: with "first_finisher", how far (a share of the rollout's
         request count, in pops) a request of a known short group is moved back, and the first
         finisher's length (a share of max_tokens) under which a group counts as short.
@@ -41,7 +42,7 @@ def default_policy_options() -> ml_collections.ConfigDict:
         (-1 = auto, 0 = off).
     """
     return ml_collections.ConfigDict(
-        {"seer": {"estimator": "first_finisher", "quantile": 0.995, "starvation_pops": -1,
+        {"seer": {"estimator": "posterior", "quantile": 0.995, "starvation_pops": -1,
                   "defer": 0.375, "short_fraction": 0.1875}})
 
 
