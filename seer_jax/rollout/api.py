@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 import ml_collections
 
 from seer_jax.errors import ConfigError
+from seer_jax.rollout.concurrent_driver import FAULT_WHEN
 from seer_jax.rollout.controller import ControllerConfig
 from seer_jax.rollout.driver import CLOCKS
 from seer_jax.rollout.policies import CATALOG, Hindsight, PolicyCatalog, default_policy_options
@@ -55,9 +56,13 @@ def default_config() -> ml_collections.ConfigDict:
     c.ray_address = ""  # "" = start a local cluster on 127.0.0.1; else join this cluster
     c.ray_resource = "CPU"  # what each slice's placement-group bundle reserves: CPU, GPU or TPU
     c.ray_step_timeout_s = 600.0  # an actor silent this long in a step is killed and lost
-    # fault injection (clock "concurrent"): kill instance K after N chunks ended (-1 = off)
+    c.ray_replace_lost = False  # start a replacement actor for each lost one (clock concurrent)
+    # fault injection (clock "concurrent"): kill instance K after N chunks ended (-1 = off), at
+    # once ("chunks"), right after it put KV into the pool ("kv_put") or while it imports KV
+    # another instance wrote ("kv_load", backend ray)
     c.fault_kill_instance = -1
     c.fault_after_chunks = 0
+    c.fault_when = "chunks"
     # emulated step durations: "measured" (wall time of each real step on this host) or
     # "roofline" (sim cost model of `cost_model` on `accelerator` x `chips_per_instance`)
     c.time_model = "measured"
@@ -126,6 +131,16 @@ def validate_config(c: ml_collections.ConfigDict, catalog: PolicyCatalog = CATAL
                              step_timeout_s=c.ray_step_timeout_s).validate()
         except ConfigError as e:
             raise ConfigError(f"config.{e}".replace("ray ", "ray_", 1)) from None
+    if not isinstance(c.ray_replace_lost, bool):
+        bad("ray_replace_lost", c.ray_replace_lost, "allowed: True or False")
+    if c.ray_replace_lost and c.backend != "ray":
+        bad("ray_replace_lost", c.ray_replace_lost, "allowed: False unless backend='ray'")
+    if c.ray_replace_lost and c.clock != "concurrent":
+        bad("clock", c.clock, "allowed: concurrent when ray_replace_lost is set")
+    if c.fault_when not in FAULT_WHEN:
+        bad("fault_when", c.fault_when, f"allowed: {', '.join(FAULT_WHEN)}")
+    if c.fault_when == "kv_load" and c.fault_kill_instance != -1 and c.backend != "ray":
+        bad("fault_when", c.fault_when, "allowed: chunks, kv_put unless backend='ray'")
     if c.fault_kill_instance != -1:
         if not isinstance(c.fault_kill_instance, int) or not 0 <= c.fault_kill_instance < c.num_instances:
             bad("fault_kill_instance", c.fault_kill_instance,
@@ -213,7 +228,7 @@ def run_rollout(c: ml_collections.ConfigDict,
     if c.fault_kill_instance >= 0:
         from seer_jax.rollout.concurrent_driver import FaultPlan
 
-        fault = FaultPlan(c.fault_kill_instance, c.fault_after_chunks)
+        fault = FaultPlan(c.fault_kill_instance, c.fault_after_chunks, c.fault_when)
     ray_group = None
     for policy in policies:
         if outputs and hindsight.true_lengths is None:
@@ -228,7 +243,8 @@ def run_rollout(c: ml_collections.ConfigDict,
                 clock=c.clock, config=c.controller.to_dict(),
                 policy_options=options_for(pol, c.policy.to_dict()),
                 progress=progress(policy) if progress else None, detokenize=tok.decode,
-                fault=dataclasses.replace(fault) if fault else None)
+                fault=dataclasses.replace(fault) if fault else None,
+                replacer=ray_group.replacer())
             outputs[policy] = out
             step_logs[policy] = ray_group.step_logs()
             load = ray_group.instances[0].load()
@@ -274,10 +290,12 @@ def run_rollout(c: ml_collections.ConfigDict,
 
 def _ray_group(c, cfg, engine_cfg, eos, group):
     """Ray actors for the next policy's rollout: the previous ones reset (fresh engines and KV
-    pool), or new ones when there were none or one was lost."""
+    pool), or new ones when there were none or fewer than num_instances are alive."""
     from seer_jax.rollout.ray_instance import make_ray_instances
 
-    if group is not None and not group.lost:
+    live = None if group is None else (
+        len(group.instances) - len(group.lost) + group.pending_replacements())
+    if live == c.num_instances:  # replacements still starting join in reset()
         group.reset()
         return group
     if group is not None:
@@ -287,7 +305,7 @@ def _ray_group(c, cfg, engine_cfg, eos, group):
     # each actor loads the weights itself from the model name/path (no copy in the object store)
     return make_ray_instances(cfg, c.model, num_instances=c.num_instances, tp=c.tp,
                               engine_config=engine_cfg, backend=backend, dtype=c.dtype,
-                              eos_ids=eos, record_steps=True)
+                              eos_ids=eos, record_steps=True, replace_lost=c.ray_replace_lost)
 
 
 def write_trace(path: str | pathlib.Path, results) -> None:

@@ -9,7 +9,10 @@ Behaviour:
   whole capacity is not stored (its handle reads back as None: the caller re-prefills);
 - one live version per request: `put` replaces the previous blob and returns a fresh handle, so a
   stale handle never returns newer (or older) KV than it named;
-- counters for what moved: bytes put, bytes read back, evictions, misses (`stats()`).
+- counters for what moved: bytes put, bytes read back, evictions, misses (`stats()`);
+- a distributed backend whose blobs die with their writer drops them as `lost`: all of a lost
+  writer's blobs at once (`lose(request_id)`), or one found gone when read (`lose_read(handle)`:
+  that read counts as a miss); the next read of a dropped blob misses and the caller re-prefills.
 
 Other backends (Ray object store, Mooncake Store) implement the same three methods of
 `seer_jax.rollout.instance.KVPool`; `stats()` is optional (the report reads it when present).
@@ -31,6 +34,7 @@ class KVPoolStats:
     puts: int = 0
     hits: int = 0
     misses: int = 0
+    lost: int = 0  # blobs dropped because they died with their writer
     evictions: int = 0
     bytes_evicted: int = 0
     used_bytes: int = 0
@@ -102,6 +106,26 @@ class HostKVPool:
             self._stats.bytes_got += entry[2]
             return entry[1]
 
+    def lose(self, request_id: str) -> bool:
+        """Drop a request's blob because it died with its writer (counted `lost`); False when the
+        pool held none."""
+        with self._lock:
+            return self._lose(request_id)
+
+    def lose_read(self, handle: str) -> None:
+        """The blob that `get(handle)` just answered turned out gone with its writer: that read
+        counts as a miss, and the blob is dropped as lost."""
+        request_id = handle.rsplit("@", 1)[0]
+        with self._lock:
+            entry = self._entries.get(request_id)
+            if entry is None or entry[0] != handle:
+                return
+            st = self._stats
+            st.hits -= 1
+            st.bytes_got -= entry[2]
+            st.misses += 1
+            self._lose(request_id)
+
     def delete(self, request_id: str) -> None:
         with self._lock:
             self._drop(request_id)
@@ -115,6 +139,14 @@ class HostKVPool:
     def stats(self) -> KVPoolStats:
         with self._lock:
             return dataclasses.replace(self._stats)
+
+    def _lose(self, request_id: str) -> bool:
+        if request_id not in self._entries:
+            return False
+        self._drop(request_id)
+        self._stats.lost += 1
+        self._stats.entries = len(self._entries)
+        return True
 
     def _drop(self, request_id: str) -> None:
         entry = self._entries.pop(request_id, None)

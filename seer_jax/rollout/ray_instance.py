@@ -19,6 +19,12 @@ Weights: `RayInstanceGroup.update_params(params, version)` puts the new weights 
 store once and every actor applies them between two steps, only when it has no chunk in flight
 (the engine refuses otherwise), so no response mixes two versions. A multi-host slice (one actor
 per host under `jax.distributed`) is not built here: each slice is one actor on one host.
+
+Replacement (`replace_lost=True`): the group is the `ConcurrentDriver`'s replacer. For a lost
+actor it starts a new one in the lost actor's placement-group bundle (freed when it was killed)
+with the group's current weights and version and the current KV pool; the rollout goes on while
+it starts, and once it answers the driver registers it with the controller as a new instance
+(the next id). `reset()` numbers the live actors 0..N-1 again for the next rollout.
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ from seer_jax.rollout.ray_cluster import RayBackendConfig, ensure_ray
 from seer_jax.rollout.types import ChunkRequest, InstanceLoad, StepReport
 
 PLACEMENT_TIMEOUT_S = 60.0  # how long to wait for the cluster to fit the placement group
+ACTOR_FAULTS = ("raise", "hang", "kill_on_kv_load")
 Weights = Mapping[str, Any] | str  # a params tree of arrays, or a model name/path to load
 
 
@@ -64,7 +71,7 @@ class EngineActor:
 
     def __init__(self, instance_id: int, cfg: ModelConfig, weights: Weights, dtype: str,
                  engine_config: EngineConfig, tp: int, pool: KVPool,
-                 eos_ids: tuple[int, ...] | None, record_steps: bool):
+                 eos_ids: tuple[int, ...] | None, record_steps: bool, params_version: int = 0):
         import jax
 
         devices = jax.local_devices()
@@ -83,7 +90,7 @@ class EngineActor:
             cfg, weights, _ = load(weights, dtype)
         self.cfg = cfg
         self.params = weights
-        self.params_version = 0
+        self.params_version = params_version
         self.fault: str | None = None
         self._build()
 
@@ -97,6 +104,7 @@ class EngineActor:
         engine = Engine(self.cfg, self.params, self.engine_config, mesh=mesh, eos_ids=self.eos_ids)
         self.inst = EngineInstance(self.instance_id, engine, self.pool,
                                    record_steps=self.record_steps)
+        self.ran: set[str] = set()  # requests that had a chunk submitted here
 
     def snapshot(self) -> ActorSnapshot:
         inst = self.inst
@@ -107,6 +115,13 @@ class EngineActor:
             pid=os.getpid())
 
     def submit(self, chunk: ChunkRequest) -> None:
+        if (self.fault == "kill_on_kv_load" and chunk.kv_handle is not None
+                and chunk.request_id not in self.ran):
+            # KV another actor wrote: the process dies once the blob is fetched, before the
+            # engine installs it
+            self.pool.get(chunk.kv_handle)
+            os._exit(1)
+        self.ran.add(chunk.request_id)
         self.inst.submit(chunk)
 
     def set_now(self, t: float) -> None:
@@ -124,8 +139,14 @@ class EngineActor:
         return rep, self.snapshot()
 
     def inject_fault(self, kind: str) -> None:
-        """Fault injection for tests and demos: the next step raises ("raise") or hangs ("hang")."""
+        """Fault injection for tests and demos: the next step raises ("raise") or hangs ("hang"),
+        or the process exits while importing KV that another actor wrote ("kill_on_kv_load")."""
+        if kind not in ACTOR_FAULTS:
+            raise SeerError(f"fault {kind!r} is unknown; allowed: {list(ACTOR_FAULTS)}")
         self.fault = kind
+
+    def set_instance_id(self, instance_id: int) -> None:
+        self.instance_id = self.inst.instance_id = instance_id
 
     def update_params(self, version: int, params: Mapping[str, Any]) -> int:
         """New weights between steps; refused (SeerError) while chunks are in flight here."""
@@ -133,10 +154,11 @@ class EngineActor:
         self.params, self.params_version = params, version
         return version
 
-    def reset(self, pool: KVPool | None = None) -> ActorSnapshot:
+    def reset(self, pool: KVPool | None = None, instance_id: int | None = None) -> ActorSnapshot:
         """A fresh engine (empty caches, clock 0, empty step log) with the current weights, and
-        a new KV pool when given."""
+        a new KV pool and instance id when given."""
         self.pool = pool or self.pool
+        self.instance_id = self.instance_id if instance_id is None else instance_id
         self._build()
         return self.snapshot()
 
@@ -147,11 +169,14 @@ class EngineActor:
 class RayInstance:
     """Controller-side proxy of one `EngineActor`; implements `Instance`."""
 
-    def __init__(self, instance_id: int, actor: Any, snapshot: ActorSnapshot, step_timeout_s: float):
+    def __init__(self, instance_id: int, actor: Any, snapshot: ActorSnapshot, step_timeout_s: float,
+                 bundle_index: int = 0, pool: KVPool | None = None):
         self.instance_id = instance_id
         self.actor = actor
+        self.pool = pool  # told when this actor is lost, so the KV it wrote is dropped
         self.snap = snapshot
         self.step_timeout_s = step_timeout_s
+        self.bundle_index = bundle_index  # its placement-group bundle
         self.lost = False
         self._submits: list = []  # refs of submits sent since the last step
 
@@ -206,6 +231,10 @@ class RayInstance:
         self.snap = snap
         return rep
 
+    def inject_fault(self, kind: str) -> None:
+        """Arm a fault on the actor (`EngineActor.inject_fault`); lands before later calls."""
+        self.actor.inject_fault.remote(kind)
+
     def check_alive(self, timeout_s: float = 30.0) -> None:
         """Raise InstanceLostError unless the actor answers within timeout_s."""
         self.snap = self._get(self.actor.snapshot.remote(), timeout_s)
@@ -228,25 +257,49 @@ class RayInstance:
             why = f"step raised {type(e.cause).__name__}: {e.cause}"
         self.lost = True
         self.kill()
+        if hasattr(self.pool, "writer_lost"):  # its KV blobs died with it
+            self.pool.writer_lost(self.actor._actor_id.hex())
         raise InstanceLostError(f"instance {self.instance_id} lost: {why}")
 
 
+@dataclasses.dataclass
+class ActorSpec:
+    """What starting an engine actor takes (kept by the group to start replacements)."""
+
+    cfg: ModelConfig
+    weights: Any  # object ref of numpy params, or a model name/path each actor loads
+    dtype: str
+    engine_config: EngineConfig
+    tp: int
+    eos_ids: tuple[int, ...] | None
+    record_steps: bool
+    backend: RayBackendConfig
+
+
 class RayInstanceGroup:
-    """The actors of one rollout deployment: their proxies, the KV pool, weight sync, shutdown."""
+    """The actors of one rollout deployment: their proxies, the KV pool, weight sync,
+    replacement of lost actors (the driver's `Replacer`), shutdown."""
 
     def __init__(self, instances: list[RayInstance], pool: KVPool, placement_group: Any,
-                 pool_capacity_bytes: int | None = None):
+                 pool_capacity_bytes: int | None = None, spec: ActorSpec | None = None,
+                 replace_lost: bool = False):
         self.instances = instances
         self.pool = pool
         self.pool_capacity_bytes = pool_capacity_bytes
         self.placement_group = placement_group
         self.params_version = 0
+        self.spec = spec
+        self.replace_lost = replace_lost
+        # replacements started and not joined yet: (lost id, bundle index, actor, snapshot ref)
+        self._pending: list[tuple[int, int, Any, Any]] = []
+        self.failed_replacements: dict[int, str] = {}  # lost id -> why its replacement failed
 
     def update_params(self, params: Mapping[str, Any], version: int | None = None) -> int:
         """Push new weights to every live actor through the object store (put once); returns the
         version. Call between rollouts: an actor with chunks in flight refuses."""
         import ray
 
+        self._join_all()
         version = self.params_version + 1 if version is None else version
         live = [i for i in self.instances if not i.lost]
         busy = [i.instance_id for i in live if i.has_work()]
@@ -259,23 +312,81 @@ class RayInstanceGroup:
             inst.snap.params_version = version
         assert got == [version] * len(live)
         self.params_version = version
+        if self.spec is not None:  # replacements start with these weights
+            self.spec = dataclasses.replace(self.spec, weights=ref)
         return version
 
     def reset(self) -> None:
         """Fresh engines and a fresh KV pool (zeroed counters) on every live actor, between
-        independent rollouts."""
+        independent rollouts; lost actors are dropped and the live ones numbered 0..N-1."""
         import ray
 
         from seer_jax.rollout.ray_pool import RayKVPool
 
+        self._join_all()
         old, self.pool = self.pool, RayKVPool.create(self.pool_capacity_bytes)
         live = [i for i in self.instances if not i.lost]
-        snaps = ray.get([i.actor.reset.remote(self.pool) for i in live])
-        for inst, snap in zip(live, snaps, strict=True):
-            inst.snap = snap
+        snaps = ray.get([i.actor.reset.remote(self.pool, k) for k, i in enumerate(live)])
+        for k, (inst, snap) in enumerate(zip(live, snaps, strict=True)):
+            inst.instance_id, inst.snap, inst.pool = k, snap, self.pool
+        self.instances = live
         if hasattr(old, "shutdown"):
             old.shutdown()
 
+    # ---- replacement (the ConcurrentDriver's Replacer) ------------------------------------------
+    def replacer(self) -> RayInstanceGroup | None:
+        """What to hand `rollout(replacer=...)`: this group when it replaces lost actors."""
+        return self if self.replace_lost else None
+
+    def replace(self, lost_id: int) -> None:
+        """Start an actor in lost instance `lost_id`'s bundle, with the current weights."""
+        if self.spec is None:
+            raise SeerError("this group cannot start actors (built without an ActorSpec)")
+        lost = next(i for i in self.instances if i.instance_id == lost_id)
+        actor = _start_actor(self.spec, self.placement_group, lost.bundle_index, -1, self.pool,
+                             self.params_version)
+        self._pending.append((lost_id, lost.bundle_index, actor, actor.snapshot.remote()))
+
+    def pending_replacements(self) -> int:
+        return len(self._pending)
+
+    def joined(self, next_id: int, wait: bool) -> list[tuple[int, RayInstance]]:
+        """Replacements whose actor answers, as (lost id, instance numbered from next_id on);
+        with `wait`, block until one answers or every pending one has failed."""
+        import ray
+
+        out: list[tuple[int, RayInstance]] = []
+        timeout = self.spec.backend.step_timeout_s if self.spec else PLACEMENT_TIMEOUT_S
+        while self._pending and not out:
+            refs = [p[3] for p in self._pending]
+            done, _ = ray.wait(refs, num_returns=1 if wait else len(refs),
+                               timeout=timeout if wait else 0)
+            if wait and not done:  # none answered in time: they count as failed
+                done = refs
+            done_set = set(done)
+            for entry in [p for p in self._pending if p[3] in done_set]:
+                self._pending.remove(entry)
+                lost_id, bundle, actor, ref = entry
+                try:
+                    snap = ray.get(ref, timeout=0)
+                except Exception as e:  # the actor failed to start (or to answer in time)
+                    self.failed_replacements[lost_id] = f"{type(e).__name__}: {e}"
+                    ray.kill(actor, no_restart=True)
+                    continue
+                iid = next_id + len(out)
+                actor.set_instance_id.remote(iid)
+                inst = RayInstance(iid, actor, snap, timeout, bundle_index=bundle, pool=self.pool)
+                self.instances.append(inst)
+                out.append((lost_id, inst))
+            if not wait:
+                break
+        return out
+
+    def _join_all(self) -> None:
+        while self._pending:
+            self.joined(len(self.instances), wait=True)
+
+    # ---- inspection and teardown ----------------------------------------------------------------
     def step_logs(self) -> list:
         import ray
 
@@ -291,25 +402,50 @@ class RayInstanceGroup:
 
         for inst in self.instances:
             ray.kill(inst.actor, no_restart=True)
+        for *_, actor, _ in self._pending:
+            ray.kill(actor, no_restart=True)
+        self._pending = []
         if hasattr(self.pool, "shutdown"):
             self.pool.shutdown()
         if self.placement_group is not None:
             ray.util.remove_placement_group(self.placement_group)
 
 
+def _start_actor(spec: ActorSpec, pg: Any, bundle_index: int, instance_id: int, pool: KVPool,
+                 params_version: int) -> Any:
+    """One engine actor in bundle `bundle_index` of placement group `pg` (returns at once)."""
+    import ray
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    backend = spec.backend
+    opts: dict[str, Any] = dict(
+        num_cpus=backend.bundle(spec.tp).get("CPU", 0),
+        scheduling_strategy=PlacementGroupSchedulingStrategy(
+            placement_group=pg, placement_group_bundle_index=bundle_index),
+        runtime_env={"env_vars": backend.actor_env(spec.tp)},
+        max_restarts=0)
+    if backend.resource == "GPU":
+        opts["num_gpus"] = spec.tp
+    elif backend.resource == "TPU":
+        opts["resources"] = {"TPU": spec.tp}
+    return ray.remote(EngineActor).options(**opts).remote(
+        instance_id, spec.cfg, spec.weights, spec.dtype, spec.engine_config, spec.tp, pool,
+        spec.eos_ids, spec.record_steps, params_version)
+
+
 def make_ray_instances(cfg: ModelConfig, weights: Weights, *, num_instances: int, tp: int,
                        engine_config: EngineConfig, backend: RayBackendConfig | None = None,
                        dtype: str = "float32", eos_ids: Sequence[int] | None = None,
                        pool_capacity_bytes: int | None = None,
-                       record_steps: bool = False) -> RayInstanceGroup:
+                       record_steps: bool = False, replace_lost: bool = False) -> RayInstanceGroup:
     """Start one engine actor per slice (placement group: one bundle per slice host) sharing an
     object-store KV pool. weights: a params tree (sent as numpy arrays, one object-store copy)
-    or a model name/path each actor loads itself."""
+    or a model name/path each actor loads itself. replace_lost: start a replacement for every
+    actor lost during a rollout (the group is then `rollout`'s replacer)."""
     from seer_jax.rollout.ray_pool import RayKVPool
 
     backend = (backend or RayBackendConfig()).validate()
     ray = ensure_ray(backend, min_cpus=num_instances)
-    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
     bundle = backend.bundle(tp)
     pg = ray.util.placement_group([dict(bundle) for _ in range(num_instances)],
@@ -322,24 +458,12 @@ def make_ray_instances(cfg: ModelConfig, weights: Weights, *, num_instances: int
             f"the cluster cannot place {num_instances} bundles of {bundle} "
             f"(strategy {backend.strategy}); available: {ray.available_resources()}") from None
     pool = RayKVPool.create(pool_capacity_bytes)
-    weights_arg = weights if isinstance(weights, str) else ray.put(numpy_params(weights))
-    actor_cls = ray.remote(EngineActor)
-    actors = []
-    for i in range(num_instances):
-        opts: dict[str, Any] = dict(
-            num_cpus=bundle.get("CPU", 0),
-            scheduling_strategy=PlacementGroupSchedulingStrategy(
-                placement_group=pg, placement_group_bundle_index=i),
-            runtime_env={"env_vars": backend.actor_env(tp)},
-            max_restarts=0)
-        if backend.resource == "GPU":
-            opts["num_gpus"] = tp
-        elif backend.resource == "TPU":
-            opts["resources"] = {"TPU": tp}
-        actors.append(actor_cls.options(**opts).remote(
-            i, cfg, weights_arg, dtype, engine_config, tp, pool,
-            tuple(eos_ids) if eos_ids is not None else None, record_steps))
+    spec = ActorSpec(cfg=cfg, weights=weights if isinstance(weights, str) else ray.put(numpy_params(weights)),
+                     dtype=dtype, engine_config=engine_config, tp=tp,
+                     eos_ids=tuple(eos_ids) if eos_ids is not None else None,
+                     record_steps=record_steps, backend=backend)
+    actors = [_start_actor(spec, pg, i, i, pool, 0) for i in range(num_instances)]
     snaps = ray.get([a.snapshot.remote() for a in actors], timeout=backend.step_timeout_s)
-    instances = [RayInstance(i, a, s, backend.step_timeout_s)
+    instances = [RayInstance(i, a, s, backend.step_timeout_s, bundle_index=i, pool=pool)
                  for i, (a, s) in enumerate(zip(actors, snaps, strict=True))]
-    return RayInstanceGroup(instances, pool, pg, pool_capacity_bytes)
+    return RayInstanceGroup(instances, pool, pg, pool_capacity_bytes, spec, replace_lost)

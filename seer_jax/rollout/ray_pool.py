@@ -6,7 +6,11 @@ its size, with the byte capacity, LRU eviction and versioned handles of `HostKVP
 
 - `put` (on the engine actor whose chunk ended): `ray.put(blob)`, then the ref is registered with
   the directory. The writing actor owns the object (Ray removed `ray.put(_owner=...)`), so the
-  KV of a lost actor is gone with it: a `get` of it answers None and the request re-prefills;
+  KV of a lost actor dies with it. The directory records each blob's writer (its actor id); when
+  an actor is found lost, `writer_lost` drops all its blobs (counted `lost`) before anything
+  reads them, so their requests re-prefill whatever the timing (Ray frees owned objects shortly
+  after the owner's death: reading one in between could succeed or fail). A blob found gone
+  when read (`OwnerDiedError`, a lost node) is dropped the same way and the `get` answers None;
 - `get` (on the engine actor that runs the next chunk): the directory answers with the ref (or
   None: evicted or superseded, the caller re-prefills) and the blob is fetched from the object
   store, from the writer's node to the reader's node;
@@ -45,10 +49,20 @@ class PoolDirectory:
     def __init__(self, capacity_bytes: int | None):
         self.pool = HostKVPool(capacity_bytes)
         self.transfer_s = 0.0
+        self.writers: dict[str, str | None] = {}  # request_id -> actor id of its blob's writer
 
-    def put(self, request_id: str, refs: list, nbytes: int, seconds: float) -> str:
+    def put(self, request_id: str, refs: list, nbytes: int, seconds: float,
+            writer: str | None = None) -> str:
         self.transfer_s += seconds
+        self.writers[request_id] = writer
         return self.pool.put(request_id, refs, nbytes)
+
+    def writer_lost(self, writer: str) -> int:
+        """Drop every blob `writer` wrote (they die with it); returns how many."""
+        gone = [rid for rid, w in self.writers.items() if w == writer]
+        for rid in gone:
+            del self.writers[rid]
+        return sum(self.pool.lose(rid) for rid in gone)
 
     def get(self, handle: str) -> list | None:
         return self.pool.get(handle)
@@ -56,7 +70,11 @@ class PoolDirectory:
     def record_get(self, seconds: float) -> None:
         self.transfer_s += seconds
 
+    def lose_read(self, handle: str) -> None:
+        self.pool.lose_read(handle)
+
     def delete(self, request_id: str) -> None:
+        self.writers.pop(request_id, None)
         self.pool.delete(request_id)
 
     def stats(self) -> RayKVPoolStats:
@@ -85,8 +103,9 @@ class RayKVPool:
         t0 = time.perf_counter()
         ref = ray.put(blob)
         seconds = time.perf_counter() - t0
+        writer = ray.get_runtime_context().get_actor_id()  # None outside an actor
         # the ref travels inside a list, so the directory keeps the ref, not the blob
-        return ray.get(self.directory.put.remote(request_id, [ref], nbytes, seconds))
+        return ray.get(self.directory.put.remote(request_id, [ref], nbytes, seconds, writer))
 
     def get(self, handle: str) -> object | None:
         import ray
@@ -98,12 +117,20 @@ class RayKVPool:
         try:
             blob = ray.get(refs[0], timeout=GET_TIMEOUT_S)
         except (ray.exceptions.ObjectLostError, ray.exceptions.GetTimeoutError):
-            return None  # its writer (owner) or node is gone: re-prefill
+            # its writer (the owner) or its node is gone: count it lost, the caller re-prefills
+            ray.get(self.directory.lose_read.remote(handle))
+            return None
         self.directory.record_get.remote(time.perf_counter() - t0)
         return blob
 
     def delete(self, request_id: str) -> None:
         self.directory.delete.remote(request_id)
+
+    def writer_lost(self, writer: str) -> int:
+        """The actor `writer` (its Ray actor id) is lost: drop the blobs it wrote."""
+        import ray
+
+        return ray.get(self.directory.writer_lost.remote(writer))
 
     def stats(self) -> RayKVPoolStats:
         import ray

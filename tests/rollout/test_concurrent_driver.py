@@ -25,13 +25,13 @@ def reference():
     return generate(PARAMS, CFG, GROUPS, 30)
 
 
-def _run(policy, fault=None, clock="concurrent"):
+def _run(policy, fault=None, clock="concurrent", replacer=None):
     pool = HostKVPool()
     insts = make_engine_instances(CFG, PARAMS, num_instances=2, tp=1, engine_config=ENGINE,
                                   pool=pool, devices=jax.devices()[:2])
     return rollout(GROUPS, group_size=3, max_tokens=30, instances=insts,
                    sampling=SamplingParams(temperature=0.0), policy=policy, pool=pool,
-                   config={"chunk_size": 8}, clock=clock, fault=fault)
+                   config={"chunk_size": 8}, clock=clock, fault=fault, replacer=replacer)
 
 
 @pytest.mark.parametrize("policy", ["seer", "request_fcfs", "group_round_robin"])
@@ -65,6 +65,13 @@ def test_fault_plan_needs_the_concurrent_clock_and_a_real_instance():
         _run("seer", fault=FaultPlan(1, 2), clock="wall")
     with pytest.raises(ConfigError, match=r"fault_kill_instance=5 is invalid; allowed: -1 \(off\) or 0..1"):
         _run("seer", fault=FaultPlan(5, 2))
+    with pytest.raises(ConfigError, match=r"fault_when='soon' is invalid; allowed: \['chunks', 'kv_put'"):
+        _run("seer", fault=FaultPlan(1, 2, when="soon"))
+    # an in-process instance has no process to exit mid-load
+    with pytest.raises(ConfigError, match=r"fault_when='kv_load' is invalid for in-process"):
+        _run("seer", fault=FaultPlan(1, 2, when="kv_load"))
+    with pytest.raises(ConfigError, match=r"clock='wall' with replacement of lost instances"):
+        _run("seer", clock="wall", replacer=object())
 
 
 @pytest.mark.parametrize("key, value, msg", [
@@ -73,6 +80,7 @@ def test_fault_plan_needs_the_concurrent_clock_and_a_real_instance():
     ("fault_kill_instance", 2, r"config.fault_kill_instance=2 is invalid: allowed: -1 \(off\) or 0..1"),
     ("fault_after_chunks", -1, r"config.fault_after_chunks=-1 is invalid"),
     ("ray_resource", "NPU", r"config.ray_resource='NPU' is invalid; allowed: \['CPU', 'GPU', 'TPU'\]"),
+    ("fault_when", "later", r"config.fault_when='later' is invalid: allowed: chunks, kv_put, kv_load"),
 ])
 def test_backend_config_errors_name_key_value_allowed(key, value, msg):
     c = default_config()
@@ -89,3 +97,22 @@ def test_fault_injection_config_needs_concurrent_clock():
         validate_config(c)
     c.clock = "concurrent"
     assert validate_config(c) == ["seer"]
+
+
+def test_replacing_lost_actors_needs_ray_and_the_concurrent_clock():
+    c = default_config()
+    c.ray_replace_lost = True
+    with pytest.raises(ConfigError, match=r"config.ray_replace_lost=True is invalid: allowed: False "
+                                          r"unless backend='ray'"):
+        validate_config(c)
+    c.backend = "ray"
+    with pytest.raises(ConfigError, match=r"config.clock='emulated' is invalid: allowed: concurrent "
+                                          r"when ray_replace_lost is set"):
+        validate_config(c)
+    c.clock = "concurrent"
+    assert validate_config(c) == ["seer"]
+    c.backend, c.ray_replace_lost = "inprocess", False
+    c.fault_kill_instance, c.fault_when = 1, "kv_load"
+    with pytest.raises(ConfigError, match=r"config.fault_when='kv_load' is invalid: allowed: "
+                                          r"chunks, kv_put unless backend='ray'"):
+        validate_config(c)

@@ -63,3 +63,18 @@ def test_delete_frees_bytes():
 def test_bad_capacity():
     with pytest.raises(ConfigError, match="capacity_bytes=-1"):
         HostKVPool(capacity_bytes=-1)
+
+
+def test_lost_blobs_are_dropped_and_counted():
+    pool = HostKVPool()
+    h = pool.put("a", "A", 60)
+    keep = pool.put("b", "B", 10)
+    gone = pool.put("c", "C", 5)
+    assert pool.get(h) == "A"
+    pool.lose_read(h)  # the backend found the blob gone with its writer when reading it
+    pool.lose_read(h)  # a second report of the same loss changes nothing
+    assert pool.lose("c") and not pool.lose("c")  # its writer was lost
+    assert pool.get(h) is None and pool.get(gone) is None and pool.get(keep) == "B"
+    st = pool.stats()
+    assert (st.hits, st.misses, st.lost, st.bytes_got) == (1, 3, 2, 10)
+    assert st.used_bytes == 10 and st.entries == 1

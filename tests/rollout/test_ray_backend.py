@@ -198,3 +198,83 @@ def test_raising_and_hung_actors_are_lost_and_their_chunks_rerun(ray_cluster, ba
             group.instances[2].check_alive(timeout_s=5.0)
     finally:
         group.shutdown()
+
+
+def test_writer_killed_after_its_kv_put_the_blob_is_lost_and_reprefilled(ray_cluster, backend,
+                                                                          reference):
+    from seer_jax.rollout.ray_instance import make_ray_instances
+
+    group = make_ray_instances(CFG, PARAMS, num_instances=2, tp=1, engine_config=ENGINE,
+                               backend=backend)
+    try:
+        out = _ray_rollout(group, "seer", fault=FaultPlan(instance=1, after_chunks=2, when="kv_put"))
+        _assert_complete_and_greedy(out, reference)
+        assert out.report.lost_instances == [1] and out.report.redispatched_chunks >= 1
+        st = group.pool.stats()
+        # the blobs instance 1 put were owned by its process: dropped as lost when it was found
+        # dead, before anything read them; the requests that read one then re-prefilled
+        assert st.lost >= 1 and out.report.kv_pool_lost_blobs == st.lost
+        assert 0 < out.report.reprefill_chunks == st.misses <= st.lost
+        assert out.report.reprefill_tokens > 0
+        assert st.bytes_got == out.report.kv_bytes_imported
+        assert out.report.summary()["reprefill_chunks"] == out.report.reprefill_chunks
+    finally:
+        group.shutdown()
+
+
+class _JoinBeforeDispatch:
+    """The group as replacer, but the driver waits for each replacement before it dispatches
+    again, so the replacement still has chunks to serve in this short rollout."""
+
+    def __init__(self, group):
+        self.group = group
+
+    def replace(self, lost_id):
+        self.group.replace(lost_id)
+
+    def pending_replacements(self):
+        return self.group.pending_replacements()
+
+    def joined(self, next_id, wait):
+        return self.group.joined(next_id, wait=True)
+
+
+def test_reader_killed_while_importing_kv_is_replaced_with_the_current_weights(ray_cluster,
+                                                                               backend):
+    from seer_jax.rollout.ray_instance import make_ray_instances
+
+    new = init_params(CFG, seed=12)
+    expect = generate(new, CFG, GROUPS, 30)
+    group = make_ray_instances(CFG, PARAMS, num_instances=2, tp=1, engine_config=ENGINE,
+                               backend=backend, replace_lost=True)
+    try:
+        group.update_params(new, version=5)
+        # instance 1 dies while importing a request's KV that instance 0 wrote
+        out = rollout(GROUPS, group_size=3, max_tokens=30, instances=group.instances,
+                      sampling=GREEDY, policy="seer", pool=group.pool, config={"chunk_size": 8},
+                      clock="concurrent", replacer=_JoinBeforeDispatch(group),
+                      fault=FaultPlan(instance=1, after_chunks=2, when="kv_load"))
+        assert sorted(r.request_id for r in out.results) == REQUEST_IDS
+        for r in out.results:  # the replacement generates with the synced weights
+            assert r.token_ids == expect[r.group_index].token_ids, r.request_id
+        rep = out.report
+        assert rep.lost_instances == [1] and rep.redispatched_chunks >= 1
+        st = group.pool.stats()
+        # the dying reader fetched a blob that never reached an engine ...
+        assert st.bytes_got > rep.kv_bytes_imported
+        # ... and it stayed in the pool: the re-dispatched chunk read it (its writer, instance
+        # 0, is alive); the only re-prefills are of blobs instance 1 wrote itself
+        assert rep.reprefill_chunks == st.misses <= st.lost
+        # a replacement joined in the lost actor's bundle and served chunks
+        assert rep.replacement_instances == [2] and rep.summary()["replacement_instances"] == 1
+        assert rep.instances[2].chunks > 0 and any(2 in r.instances for r in out.results)
+        new_inst = group.instances[2]
+        assert new_inst.bundle_index == 1 and new_inst.snap.params_version == 5
+        assert new_inst.snap.pid != group.instances[1].snap.pid
+        # the next rollout runs on the live actors, numbered 0..1 again
+        out2 = _ray_rollout(group, "request_fcfs")
+        assert [i.instance_id for i in group.instances] == [0, 1] and group.lost == []
+        assert [r.token_ids for r in out2.results] == [r.token_ids for r in out.results]
+        assert all(i.chunks > 0 for i in out2.report.instances)
+    finally:
+        group.shutdown()
