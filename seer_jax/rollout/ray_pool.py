@@ -44,18 +44,28 @@ class RayKVPoolStats(KVPoolStats):
 
 
 class PoolDirectory:
-    """The directory actor's class: `HostKVPool` bookkeeping over object refs."""
+    """The directory actor's class: `HostKVPool` bookkeeping over object refs (or over the keys
+    of an external store: with `collect_dropped`, every blob that leaves the pool is kept for
+    `take_dropped()`, so the client frees it in the store)."""
 
-    def __init__(self, capacity_bytes: int | None):
-        self.pool = HostKVPool(capacity_bytes)
+    def __init__(self, capacity_bytes: int | None, collect_dropped: bool = False):
+        self.dropped: list = []
+        self.pool = HostKVPool(capacity_bytes, on_drop=self.dropped.append if collect_dropped else None)
         self.transfer_s = 0.0
         self.writers: dict[str, str | None] = {}  # request_id -> actor id of its blob's writer
 
     def put(self, request_id: str, refs: list, nbytes: int, seconds: float,
-            writer: str | None = None) -> str:
+            writer: str | None = None, stored: bool = True) -> str:
         self.transfer_s += seconds
         self.writers[request_id] = writer
-        return self.pool.put(request_id, refs, nbytes)
+        return self.pool.put(request_id, refs, nbytes, stored)
+
+    def request_ids(self) -> list[str]:
+        return list(self.writers)
+
+    def take_dropped(self) -> list:
+        out, self.dropped[:] = list(self.dropped), []
+        return out
 
     def writer_lost(self, writer: str) -> int:
         """Drop every blob `writer` wrote (they die with it); returns how many."""
