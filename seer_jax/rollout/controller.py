@@ -417,7 +417,7 @@ class Controller:
         st.chunks += 1
         st.preemptions += res.preemptions
         st.reprefill_tokens += res.reprefill_tokens
-        st.reprefill_chunks += res.reprefill_tokens > 0
+        st.reprefill_chunks += int(res.reprefill_tokens > 0)
         st.spec_proposed += res.spec_proposed
         st.spec_accepted += res.spec_accepted
         st.kv_bytes_imported += res.kv_bytes_imported

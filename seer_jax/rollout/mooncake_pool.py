@@ -29,6 +29,7 @@ in the store, as `RayKVPool` does (`transfer_gbps`). `LoopbackMaster` starts a m
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import itertools
 import os
@@ -273,6 +274,7 @@ class LoopbackMaster:
              f"--http_metadata_server_port={http_port}", "--metrics_host=127.0.0.1",
              f"--metrics_port={metrics_port}"],
             stdout=log, stderr=subprocess.STDOUT)
+        atexit.register(self.stop)  # never outlive this process
         deadline = time.monotonic() + start_timeout_s
         while not all(_listening(p) for p in (self.rpc_port, http_port)):
             if self.proc.poll() is not None or time.monotonic() > deadline:

@@ -32,7 +32,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -47,6 +47,7 @@ from seer_jax.rollout.types import ChunkRequest, InstanceLoad, StepReport
 PLACEMENT_TIMEOUT_S = 60.0  # how long to wait for the cluster to fit the placement group
 ACTOR_FAULTS = ("raise", "hang", "kill_on_kv_load")
 Weights = Mapping[str, Any] | str  # a params tree of arrays, or a model name/path to load
+PoolFactory = Callable[[int | None], KVPool]  # capacity_bytes -> a pool every actor can use
 
 
 @dataclasses.dataclass
@@ -282,10 +283,11 @@ class RayInstanceGroup:
 
     def __init__(self, instances: list[RayInstance], pool: KVPool, placement_group: Any,
                  pool_capacity_bytes: int | None = None, spec: ActorSpec | None = None,
-                 replace_lost: bool = False):
+                 replace_lost: bool = False, pool_factory: PoolFactory | None = None):
         self.instances = instances
         self.pool = pool
         self.pool_capacity_bytes = pool_capacity_bytes
+        self.pool_factory = pool_factory
         self.placement_group = placement_group
         self.params_version = 0
         self.spec = spec
@@ -324,7 +326,8 @@ class RayInstanceGroup:
         from seer_jax.rollout.ray_pool import RayKVPool
 
         self._join_all()
-        old, self.pool = self.pool, RayKVPool.create(self.pool_capacity_bytes)
+        make = self.pool_factory or RayKVPool.create
+        old, self.pool = self.pool, make(self.pool_capacity_bytes)
         live = [i for i in self.instances if not i.lost]
         snaps = ray.get([i.actor.reset.remote(self.pool, k) for k, i in enumerate(live)])
         for k, (inst, snap) in enumerate(zip(live, snaps, strict=True)):
@@ -437,11 +440,13 @@ def make_ray_instances(cfg: ModelConfig, weights: Weights, *, num_instances: int
                        engine_config: EngineConfig, backend: RayBackendConfig | None = None,
                        dtype: str = "float32", eos_ids: Sequence[int] | None = None,
                        pool_capacity_bytes: int | None = None,
-                       record_steps: bool = False, replace_lost: bool = False) -> RayInstanceGroup:
-    """Start one engine actor per slice (placement group: one bundle per slice host) sharing an
-    object-store KV pool. weights: a params tree (sent as numpy arrays, one object-store copy)
-    or a model name/path each actor loads itself. replace_lost: start a replacement for every
-    actor lost during a rollout (the group is then `rollout`'s replacer)."""
+                       record_steps: bool = False, replace_lost: bool = False,
+                       pool_factory: PoolFactory | None = None) -> RayInstanceGroup:
+    """Start one engine actor per slice (placement group: one bundle per slice host) sharing a
+    KV pool: `pool_factory(capacity_bytes)` (called once Ray is up, and again by `reset()`), by
+    default the object-store `RayKVPool`. weights: a params tree (sent as numpy arrays, one
+    object-store copy) or a model name/path each actor loads itself. replace_lost: start a
+    replacement for every actor lost during a rollout (the group is then `rollout`'s replacer)."""
     from seer_jax.rollout.ray_pool import RayKVPool
 
     backend = (backend or RayBackendConfig()).validate()
@@ -457,7 +462,7 @@ def make_ray_instances(cfg: ModelConfig, weights: Weights, *, num_instances: int
         raise SeerError(
             f"the cluster cannot place {num_instances} bundles of {bundle} "
             f"(strategy {backend.strategy}); available: {ray.available_resources()}") from None
-    pool = RayKVPool.create(pool_capacity_bytes)
+    pool = (pool_factory or RayKVPool.create)(pool_capacity_bytes)
     spec = ActorSpec(cfg=cfg, weights=weights if isinstance(weights, str) else ray.put(numpy_params(weights)),
                      dtype=dtype, engine_config=engine_config, tp=tp,
                      eos_ids=tuple(eos_ids) if eos_ids is not None else None,
@@ -466,4 +471,5 @@ def make_ray_instances(cfg: ModelConfig, weights: Weights, *, num_instances: int
     snaps = ray.get([a.snapshot.remote() for a in actors], timeout=backend.step_timeout_s)
     instances = [RayInstance(i, a, s, backend.step_timeout_s, bundle_index=i, pool=pool)
                  for i, (a, s) in enumerate(zip(actors, snaps, strict=True))]
-    return RayInstanceGroup(instances, pool, pg, pool_capacity_bytes, spec, replace_lost)
+    return RayInstanceGroup(instances, pool, pg, pool_capacity_bytes, spec, replace_lost,
+                            pool_factory)

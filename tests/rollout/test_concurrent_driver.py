@@ -81,11 +81,15 @@ def test_fault_plan_needs_the_concurrent_clock_and_a_real_instance():
     ("fault_after_chunks", -1, r"config.fault_after_chunks=-1 is invalid"),
     ("ray_resource", "NPU", r"config.ray_resource='NPU' is invalid; allowed: \['CPU', 'GPU', 'TPU'\]"),
     ("fault_when", "later", r"config.fault_when='later' is invalid: allowed: chunks, kv_put, kv_load"),
+    ("kv_pool", "ray", r"config.kv_pool='ray' is invalid: allowed with backend='inprocess': "
+                       r"host, mooncake \(or '' for host\)"),
+    ("ray_kv_pool", "host", r"config.kv_pool='host' is invalid: allowed with backend='ray': ray, "
+                            r"mooncake"),
 ])
 def test_backend_config_errors_name_key_value_allowed(key, value, msg):
     c = default_config()
     c.backend = "ray" if key.startswith("ray_") else c.backend
-    c[key] = value
+    c[key.replace("ray_kv_pool", "kv_pool")] = value
     with pytest.raises(ConfigError, match=msg):
         validate_config(c)
 

@@ -48,6 +48,41 @@ def test_config_errors_name_key_value_allowed(kwargs, msg):
         MooncakeConfig(**{**args, **kwargs}).validate()
 
 
+def test_mooncake_config_keys(monkeypatch):
+    from seer_jax.rollout.api import default_config, validate_config
+
+    c = default_config()
+    c.kv_pool, c.mooncake_master = "mooncake", "127.0.0.1:5000"
+    with pytest.raises(ConfigError, match=r"config.mooncake_metadata_server='' is invalid: set it "
+                                          r"together with mooncake_master"):
+        validate_config(c)
+    c.mooncake_metadata_server = "127.0.0.1:5001"
+    with pytest.raises(ConfigError, match=r"config.mooncake_metadata_server='127.0.0.1:5001' is "
+                                          r"invalid; allowed: 'http://host:port/metadata'"):
+        validate_config(c)
+    c.mooncake_metadata_server = "http://127.0.0.1:5001/metadata"
+    monkeypatch.setitem(sys.modules, "mooncake.store", None)
+    with pytest.raises(ConfigError, match=r"kv_pool='mooncake' needs Mooncake Store"):
+        validate_config(c)
+
+
+def test_a_run_without_a_master_address_starts_a_loopback_master(master):
+    from seer_jax.rollout.api import _KVPools, default_config
+
+    c = default_config()
+    c.kv_pool = "mooncake"
+    pools = _KVPools(c)
+    try:
+        pool = pools.inprocess_pool()
+        assert isinstance(pool, MooncakeKVPool) and pool.config.master == pools.master.config.master
+        h = pool.put("r", [1, 2, 3], 24)
+        assert pool.get(h) == [1, 2, 3]
+        pool.shutdown()
+    finally:
+        pools.close()
+    assert pools.master.proc.poll() is not None
+
+
 def test_dropped_blobs_leave_the_store_and_keys_are_never_reused(master):
     from seer_jax.rollout.mooncake_pool import _client
 

@@ -278,3 +278,25 @@ def test_reader_killed_while_importing_kv_is_replaced_with_the_current_weights(r
         assert all(i.chunks > 0 for i in out2.report.instances)
     finally:
         group.shutdown()
+
+
+def test_actors_share_a_mooncake_store_pool(ray_cluster, backend, reference):
+    from seer_jax.rollout.mooncake_pool import MooncakeKVPool
+    from seer_jax.rollout.ray_instance import make_ray_instances
+    from tests.rollout.mooncake_util import loopback_master_or_skip
+
+    with loopback_master_or_skip() as master:
+        group = make_ray_instances(
+            CFG, PARAMS, num_instances=2, tp=1, engine_config=ENGINE, backend=backend,
+            pool_factory=lambda cap: MooncakeKVPool.create(master.config, cap, shared=True))
+        try:
+            out = _ray_rollout(group, "seer")
+            _assert_complete_and_greedy(out, reference)
+            st = group.pool.stats()
+            assert isinstance(group.pool, MooncakeKVPool) and out.report.migrations > 0
+            # KV moved between the actors' processes through the store, not by re-prefill
+            assert out.report.reprefill_tokens == 0
+            assert st.bytes_got == out.report.kv_bytes_imported > 0
+            assert out.report.kv_pool_transfer_gbps > 0 and st.entries == 0
+        finally:
+            group.shutdown()
