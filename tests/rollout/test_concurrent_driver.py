@@ -120,3 +120,43 @@ def test_replacing_lost_actors_needs_ray_and_the_concurrent_clock():
     with pytest.raises(ConfigError, match=r"config.fault_when='kv_load' is invalid: allowed: "
                                           r"chunks, kv_put unless backend='ray'"):
         validate_config(c)
+
+
+class _SpareReplacer:
+    """Replaces a lost instance with a spare in-process engine, which comes up (answers a
+    non-blocking poll) only on the third poll, so the rollout goes on without it meanwhile."""
+
+    def __init__(self, spare):
+        self.spare, self.polls, self.started = spare, 0, []
+
+    def replace(self, lost_id):
+        self.started.append(lost_id)
+
+    def pending_replacements(self):
+        return len(self.started)
+
+    def joined(self, next_id, wait):
+        self.polls += 1
+        if not self.started or (self.polls < 3 and not wait):
+            return []
+        self.spare.instance_id = next_id
+        return [(self.started.pop(), self.spare)]
+
+
+def test_a_replacement_joins_while_the_rollout_goes_on(reference):
+    pool = HostKVPool()
+    insts = make_engine_instances(CFG, PARAMS, num_instances=3, tp=1, engine_config=ENGINE,
+                                  pool=pool, devices=jax.devices()[:3])
+    replacer = _SpareReplacer(insts[2])
+    out = rollout(GROUPS, group_size=3, max_tokens=30, instances=insts[:2],
+                  sampling=SamplingParams(temperature=0.0), policy="seer", pool=pool,
+                  config={"chunk_size": 8}, clock="concurrent",
+                  fault=FaultPlan(instance=1, after_chunks=4), replacer=replacer)
+    assert sorted(r.request_id for r in out.results) == sorted(
+        f"g{g}/{j}" for g in range(4) for j in range(3))
+    for r in out.results:
+        assert r.token_ids == reference[r.group_index].token_ids, r.request_id
+    rep = out.report
+    assert rep.lost_instances == [1] and rep.replacement_instances == [2]
+    assert replacer.polls >= 3 and rep.instances[2].chunks > 0
+    assert rep.num_instances == 3 and rep.chunks == sum(i.chunks for i in rep.instances)
