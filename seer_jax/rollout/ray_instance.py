@@ -282,6 +282,7 @@ class RayInstance:
         self.step_timeout_s = step_timeout_s
         self.bundle_index = bundle_index  # its placement-group bundle
         self.lost = False
+        self.killed = False  # `kill` was called (the actors may still answer for a moment)
         self._submits: list = []  # refs of submits sent since the last step
 
     # ---- Instance -------------------------------------------------------------------------------
@@ -361,12 +362,23 @@ class RayInstance:
         return rep
 
     def check_alive(self, timeout_s: float = 30.0) -> None:
-        """Raise InstanceLostError unless every host's actor answers within timeout_s."""
-        self.snap = self._get([a.snapshot.remote() for a in self.actors], timeout_s)[0]
+        """Raise InstanceLostError unless every host's actor answers within timeout_s. After
+        `kill`, wait (up to timeout_s) until the actors are found gone: `ray.kill` is
+        asynchronous, and a call sent right after it may still be answered."""
+        if not self.killed:
+            self.snap = self._get([a.snapshot.remote() for a in self.actors], timeout_s)[0]
+            return
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:  # _get raises once a killed actor is gone
+            self._get([a.snapshot.remote() for a in self.actors],
+                      max(0.0, deadline - time.monotonic()))
+            time.sleep(0.01)
+        self._lose(f"still answering {timeout_s:g} s after it was killed")
 
     def kill(self) -> None:
         import ray
 
+        self.killed = True
         for a in self.actors:
             ray.kill(a, no_restart=True)
 
