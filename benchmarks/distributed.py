@@ -13,7 +13,9 @@ What is measured:
   other), inprocess_threads (`clock="concurrent"`: one thread per slice), ray (2 actors,
   `clock="concurrent"`). The summary's speedup is ray / inprocess_in_turn.
 - pool GB/s: KV blobs of several sizes put by one actor and fetched by another through
-  `RayKVPool` (directory lookup + object-store get), and the rate the rollout's pool reported.
+  `RayKVPool` (directory lookup + object-store get), and the rate the rollout's pool reported;
+  the same through `MooncakeKVPool` on a loopback `mooncake_master` (directory lookup + store get
+  over TCP + unpickling) when the `mooncake` extra is installed (skipped otherwise).
 - recovery: instance 1 killed after 8 chunks: time from the kill until the driver saw it gone,
   re-dispatched chunks, and the makespan against the fault-free run.
 """
@@ -101,9 +103,9 @@ def inprocess(params, prompts, max_tokens, clock):
     return run(insts, pool, prompts, max_tokens, clock)
 
 
-def pool_transfer(ray, group, sizes_mib):
+def pool_transfer(ray, pool, sizes_mib):
     probe = ray.remote(num_cpus=0)(PoolProbe)
-    writer, reader = probe.remote(group.pool), probe.remote(group.pool)
+    writer, reader = probe.remote(pool), probe.remote(pool)
     rows = []
     for mib in sizes_mib:
         nbytes = mib * 2**20
@@ -112,10 +114,30 @@ def pool_transfer(ray, group, sizes_mib):
         handle = ray.get(writer.put.remote(f"probe{mib}", nbytes))
         secs, got = ray.get(reader.get.remote(handle))
         rows.append({"mib": mib, "get_s": secs, "gbps": got / secs / 1e9})
-        group.pool.delete(f"probe{mib}")
+        pool.delete(f"probe{mib}")
     for a in (writer, reader):
         ray.kill(a)
     return rows
+
+
+def mooncake_transfer(ray, sizes_mib):
+    """`pool_transfer` through Mooncake Store on a loopback master; None when not installed."""
+    from seer_jax.errors import ConfigError
+    from seer_jax.rollout.mooncake_pool import LoopbackMaster, MooncakeKVPool
+
+    try:
+        master = LoopbackMaster()
+    except ConfigError as e:
+        print(f"mooncake pool transfer: skipped ({e})", flush=True)
+        return None
+    pool = None
+    try:
+        pool = MooncakeKVPool.create(master.config, shared=True)
+        return pool_transfer(ray, pool, sizes_mib)
+    finally:
+        if pool is not None:
+            pool.shutdown()
+        master.stop()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -150,9 +172,13 @@ def main(argv: list[str] | None = None) -> int:
         ray_out, on_ray = run(group.instances, group.pool, prompts, args.max_tokens, "concurrent")
         same = [r.token_ids for r in ray_out.results] == [r.token_ids for r in in_turn_out.results]
         print(f"ray: {on_ray['tokens_per_s']:.0f} tok/s (tokens identical: {same})", flush=True)
-        transfer = pool_transfer(ray, group, [1, 16, 64])
+        transfer = pool_transfer(ray, group.pool, [1, 16, 64])
         print("pool transfer:", [f"{r['mib']} MiB {r['gbps']:.2f} GB/s" for r in transfer],
               flush=True)
+        mooncake = mooncake_transfer(ray, [1, 16, 64])
+        if mooncake is not None:
+            print("mooncake pool transfer:",
+                  [f"{r['mib']} MiB {r['gbps']:.2f} GB/s" for r in mooncake], flush=True)
         group.reset()
         fault = FaultPlan(instance=1, after_chunks=8)
         fault_out, faulted = run(group.instances, group.pool, prompts, args.max_tokens,
@@ -177,6 +203,7 @@ def main(argv: list[str] | None = None) -> int:
         "threads_speedup_vs_in_turn": threads["tokens_per_s"] / in_turn["tokens_per_s"],
         "tokens_identical": same,
         "pool_transfer_gbps_64mib": transfer[-1]["gbps"],
+        "mooncake_pool_transfer_gbps_64mib": mooncake[-1]["gbps"] if mooncake else None,
         "rollout_pool_transfer_gbps": on_ray["kv_pool_transfer_gbps"],
         "kill_detect_s": fault.detect_s,
         "fault_redispatched_chunks": faulted["redispatched_chunks"],
@@ -191,6 +218,7 @@ def main(argv: list[str] | None = None) -> int:
         "runs": {"inprocess_in_turn": in_turn, "inprocess_threads": threads, "ray": on_ray,
                  "ray_with_fault": faulted},
         "pool_transfer": transfer,
+        "mooncake_pool_transfer": mooncake,
         "recovery": recovery,
     }
     print(json.dumps(summary, indent=2))

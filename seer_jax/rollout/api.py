@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 import ml_collections
 
 from seer_jax.errors import ConfigError
+from seer_jax.rollout.concurrent_driver import FAULT_WHEN
 from seer_jax.rollout.controller import ControllerConfig
 from seer_jax.rollout.driver import CLOCKS
 from seer_jax.rollout.policies import CATALOG, Hindsight, PolicyCatalog, default_policy_options
@@ -58,9 +59,20 @@ def default_config() -> ml_collections.ConfigDict:
     # hosts one slice spans: one actor and bundle per host, tp / hosts devices each, joined
     # under jax.distributed
     c.ray_hosts_per_slice = 1
-    # fault injection (clock "concurrent"): kill instance K after N chunks ended (-1 = off)
+    # start a replacement actor for each lost one (clock concurrent; single-host slices only)
+    c.ray_replace_lost = False
+    # the KV pool between chunks: "" = the backend's own ("host" in process, "ray": object
+    # store), or "mooncake" (Mooncake Store; pip install 'seer-jax[mooncake]')
+    c.kv_pool = ""
+    c.mooncake_master = ""  # "host:port" of mooncake_master; "" = start one on 127.0.0.1
+    c.mooncake_metadata_server = ""  # "http://host:port/metadata" (with mooncake_master)
+    c.mooncake_segment_mb = 256  # host memory each process adds to the store
+    # fault injection (clock "concurrent"): kill instance K after N chunks ended (-1 = off), at
+    # once ("chunks"), right after it put KV into the pool ("kv_put") or while it imports KV
+    # another instance wrote ("kv_load", backend ray)
     c.fault_kill_instance = -1
     c.fault_after_chunks = 0
+    c.fault_when = "chunks"
     # emulated step durations: "measured" (wall time of each real step on this host) or
     # "roofline" (sim cost model of `cost_model` on `accelerator` x `chips_per_instance`)
     c.time_model = "measured"
@@ -98,6 +110,19 @@ def bench_config(mix: str) -> ml_collections.ConfigDict:
 
 
 BACKENDS = ("inprocess", "ray")
+KV_POOLS = {"inprocess": ("host", "mooncake"), "ray": ("ray", "mooncake")}
+
+
+def mooncake_config(c: ml_collections.ConfigDict):
+    """The `MooncakeConfig` of a rollout config with a master address (ConfigError naming the
+    key when it is malformed)."""
+    from seer_jax.rollout.mooncake_pool import MooncakeConfig
+
+    try:
+        return MooncakeConfig(master=c.mooncake_master, metadata_server=c.mooncake_metadata_server,
+                              segment_mb=c.mooncake_segment_mb).validate()
+    except ConfigError as e:
+        raise ConfigError(f"config.{e}") from None
 
 
 def validate_config(c: ml_collections.ConfigDict, catalog: PolicyCatalog = CATALOG) -> list[str]:
@@ -130,6 +155,33 @@ def validate_config(c: ml_collections.ConfigDict, catalog: PolicyCatalog = CATAL
                              hosts_per_slice=c.ray_hosts_per_slice).validate().check_tp(c.tp)
         except ConfigError as e:
             raise ConfigError(f"config.{e}".replace("ray ", "ray_", 1)) from None
+    if not isinstance(c.ray_replace_lost, bool):
+        bad("ray_replace_lost", c.ray_replace_lost, "allowed: True or False")
+    if c.ray_replace_lost and c.backend != "ray":
+        bad("ray_replace_lost", c.ray_replace_lost, "allowed: False unless backend='ray'")
+    if c.ray_replace_lost and c.clock != "concurrent":
+        bad("clock", c.clock, "allowed: concurrent when ray_replace_lost is set")
+    if c.ray_replace_lost and c.ray_hosts_per_slice != 1:
+        bad("ray_replace_lost", c.ray_replace_lost,
+            f"allowed: False with ray_hosts_per_slice={c.ray_hosts_per_slice!r} (a lost "
+            "multi-host slice is not replaced), or set ray_hosts_per_slice=1")
+    pool = c.kv_pool or ("ray" if c.backend == "ray" else "host")
+    if pool not in KV_POOLS[c.backend]:
+        bad("kv_pool", c.kv_pool, f"allowed with backend={c.backend!r}: "
+            f"{', '.join(KV_POOLS[c.backend])} (or '' for {KV_POOLS[c.backend][0]})")
+    if pool == "mooncake":
+        if bool(c.mooncake_master) != bool(c.mooncake_metadata_server):
+            bad("mooncake_metadata_server", c.mooncake_metadata_server,
+                "set it together with mooncake_master (both empty: a loopback master)")
+        if c.mooncake_master:
+            mooncake_config(c)
+        from seer_jax.rollout.mooncake_pool import require_mooncake
+
+        require_mooncake()
+    if c.fault_when not in FAULT_WHEN:
+        bad("fault_when", c.fault_when, f"allowed: {', '.join(FAULT_WHEN)}")
+    if c.fault_when == "kv_load" and c.fault_kill_instance != -1 and c.backend != "ray":
+        bad("fault_when", c.fault_when, "allowed: chunks, kv_put unless backend='ray'")
     if c.fault_kill_instance != -1:
         if not isinstance(c.fault_kill_instance, int) or not 0 <= c.fault_kill_instance < c.num_instances:
             bad("fault_kill_instance", c.fault_kill_instance,
@@ -194,7 +246,6 @@ def run_rollout(c: ml_collections.ConfigDict,
     from seer_jax.engine.engine import EngineConfig
     from seer_jax.model import load
     from seer_jax.rollout.engine_instance import make_engine_instances
-    from seer_jax.rollout.kv_pool import HostKVPool
     from seer_jax.rollout.report import compare_summary
     from seer_jax.rollout.run import rollout
 
@@ -217,28 +268,30 @@ def run_rollout(c: ml_collections.ConfigDict,
     if c.fault_kill_instance >= 0:
         from seer_jax.rollout.concurrent_driver import FaultPlan
 
-        fault = FaultPlan(c.fault_kill_instance, c.fault_after_chunks)
+        fault = FaultPlan(c.fault_kill_instance, c.fault_after_chunks, c.fault_when)
     ray_group = None
+    pools = _KVPools(c)
     for policy in policies:
         if outputs and hindsight.true_lengths is None:
             first = next(iter(outputs.values()))
             hindsight = Hindsight(true_lengths={r.request_id: len(r.token_ids) for r in first.results})
         pol = catalog.make(policy, hindsight)
         if c.backend == "ray":
-            ray_group = _ray_group(c, cfg, engine_cfg, eos, ray_group)
+            ray_group = _ray_group(c, cfg, engine_cfg, eos, ray_group, pools.ray_factory())
             out = rollout(
                 prompts, group_size=c.group_size, max_tokens=c.max_tokens,
                 instances=ray_group.instances, sampling=sampling, policy=pol, pool=ray_group.pool,
                 clock=c.clock, config=c.controller.to_dict(),
                 policy_options=options_for(pol, c.policy.to_dict()),
                 progress=progress(policy) if progress else None, detokenize=tok.decode,
-                fault=dataclasses.replace(fault) if fault else None)
+                fault=dataclasses.replace(fault) if fault else None,
+                replacer=ray_group.replacer())
             outputs[policy] = out
             step_logs[policy] = ray_group.step_logs()
             load = ray_group.instances[0].load()
             kv_capacity = load.total_kv_pages * load.page_size
             continue
-        pool = HostKVPool()
+        pool = pools.inprocess_pool()
         speculators = None
         if c.speculation:
             from seer_jax.drafting.budget import SpeculationBudget
@@ -261,12 +314,15 @@ def run_rollout(c: ml_collections.ConfigDict,
         step_logs[policy] = [row for inst in instances for row in inst.step_log]
         load = instances[0].load()
         kv_capacity = load.total_kv_pages * load.page_size
+        if hasattr(pool, "shutdown"):
+            pool.shutdown()
         # release this policy's engines (KV caches, executables) before the next are built:
         # otherwise two sets are alive at once and the peak memory doubles
         del instances, pool, speculators
         gc.collect()
     if ray_group is not None:
         ray_group.shutdown()
+    pools.close()
     reports = {p: o.report for p, o in outputs.items()}
     baseline = c.baseline if c.baseline in reports else policies[0]
     summary = {"policies": compare_summary(reports, baseline), "baseline": baseline,
@@ -276,12 +332,52 @@ def run_rollout(c: ml_collections.ConfigDict,
     return RolloutRun(prompts, outputs, summary, step_logs, kv_capacity)
 
 
-def _ray_group(c, cfg, engine_cfg, eos, group):
+class _KVPools:
+    """The KV pools of a run's rollouts, per `config.kv_pool` (and a loopback Mooncake master
+    when kv_pool='mooncake' names none)."""
+
+    def __init__(self, c: ml_collections.ConfigDict):
+        self.kind = c.kv_pool or ("ray" if c.backend == "ray" else "host")
+        self.master = None
+        self.mooncake = None
+        if self.kind == "mooncake":
+            if c.mooncake_master:
+                self.mooncake = mooncake_config(c)
+            else:
+                from seer_jax.rollout.mooncake_pool import LoopbackMaster
+
+                self.master = LoopbackMaster()
+                self.mooncake = dataclasses.replace(self.master.config,
+                                                    segment_mb=c.mooncake_segment_mb)
+
+    def inprocess_pool(self):
+        from seer_jax.rollout.kv_pool import HostKVPool
+        from seer_jax.rollout.mooncake_pool import MooncakeKVPool
+
+        return MooncakeKVPool(self.mooncake) if self.mooncake else HostKVPool()
+
+    def ray_factory(self):
+        """`make_ray_instances(pool_factory=)`: None for the object-store pool."""
+        if self.mooncake is None:
+            return None
+        from seer_jax.rollout.mooncake_pool import MooncakeKVPool
+
+        cfg = self.mooncake
+        return lambda capacity: MooncakeKVPool.create(cfg, capacity, shared=True)
+
+    def close(self) -> None:
+        if self.master is not None:
+            self.master.stop()
+
+
+def _ray_group(c, cfg, engine_cfg, eos, group, pool_factory=None):
     """Ray actors for the next policy's rollout: the previous ones reset (fresh engines and KV
-    pool), or new ones when there were none or one was lost."""
+    pool), or new ones when there were none or fewer than num_instances are alive."""
     from seer_jax.rollout.ray_instance import make_ray_instances
 
-    if group is not None and not group.lost:
+    live = None if group is None else (
+        len(group.instances) - len(group.lost) + group.pending_replacements())
+    if live == c.num_instances:  # replacements still starting join in reset()
         group.reset()
         return group
     if group is not None:
@@ -292,7 +388,8 @@ def _ray_group(c, cfg, engine_cfg, eos, group):
     # each actor loads the weights itself from the model name/path (no copy in the object store)
     return make_ray_instances(cfg, c.model, num_instances=c.num_instances, tp=c.tp,
                               engine_config=engine_cfg, backend=backend, dtype=c.dtype,
-                              eos_ids=eos, record_steps=True)
+                              eos_ids=eos, record_steps=True, replace_lost=c.ray_replace_lost,
+                              pool_factory=pool_factory)
 
 
 def write_trace(path: str | pathlib.Path, results) -> None:

@@ -14,9 +14,23 @@ decisions that depend on timing); that is not built.
 
 Faults: an instance whose step raises `InstanceLostError` (a Ray actor that died, raised, or hung
 past its timeout) is marked lost and its chunks go back to the controller's buffer. `FaultPlan`
-injects one: after `after_chunks` chunks have ended anywhere, instance `instance` is killed (a Ray
-actor's process is killed, and the driver confirms it is gone; an in-process instance is marked
-lost). Controller restart is not covered: the controller holds the rollout's state in memory.
+injects one on instance `instance` once `after_chunks` chunks have ended anywhere, at a moment
+given by `when`:
+
+- "chunks": killed at once (a Ray actor's process is killed, and the driver confirms it is gone;
+  an in-process instance is marked lost);
+- "kv_put": killed right after a round in which it put a request's KV into the pool (a chunk of
+  it ended unfinished there), so the next chunk of that request reads a blob whose writer is
+  dead (on Ray: gone with it, the request re-prefills);
+- "kv_load": armed to die while it imports KV written by another instance (its process exits
+  after fetching the blob, before installing it); the chunk runs elsewhere from the same blob.
+  Needs an instance with `inject_fault` (a Ray actor).
+
+Replacement: with a `replacer` (`RayInstanceGroup` when `ray_replace_lost` is on), every lost
+instance is replaced: the replacer starts a new instance while the rollout goes on, and once it
+is up the driver registers it with the controller under the next instance id
+(`Controller.add_instance`), so later chunks can run on it.
+Controller restart is not covered: the controller holds the rollout's state in memory.
 """
 
 from __future__ import annotations
@@ -25,24 +39,29 @@ import concurrent.futures
 import dataclasses
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from seer_jax.errors import ConfigError
-from seer_jax.rollout.driver import _DriverBase
-from seer_jax.rollout.instance import InstanceLostError
+from seer_jax.rollout.driver import InstanceTimeline, _DriverBase
+from seer_jax.rollout.instance import Instance, InstanceLostError
 from seer_jax.rollout.types import StepReport
 
 if TYPE_CHECKING:
     from seer_jax.rollout.controller import Controller
 
 
+FAULT_WHEN = ("chunks", "kv_put", "kv_load")
+
+
 @dataclasses.dataclass
 class FaultPlan:
-    """Kill instance `instance` once `after_chunks` chunks have ended (anywhere)."""
+    """Kill instance `instance` once `after_chunks` chunks have ended (anywhere), at the moment
+    `when` names (see the module docstring)."""
 
     instance: int
     after_chunks: int
-    fired_at: float | None = None  # driver time of the kill
+    when: str = "chunks"
+    fired_at: float | None = None  # driver time of the kill (of the arming, for "kv_load")
     detect_s: float | None = None  # kill until the driver saw the instance gone
 
     def validate(self, num_instances: int) -> FaultPlan:
@@ -51,19 +70,41 @@ class FaultPlan:
                               f"-1 (off) or 0..{num_instances - 1}")
         if self.after_chunks < 0:
             raise ConfigError(f"fault_after_chunks={self.after_chunks} is invalid; allowed: >= 0")
+        if self.when not in FAULT_WHEN:
+            raise ConfigError(f"fault_when={self.when!r} is invalid; allowed: {list(FAULT_WHEN)}")
         return self
+
+
+class Replacer(Protocol):
+    """Starts instances that replace lost ones (`RayInstanceGroup` implements it)."""
+
+    def replace(self, lost_id: int) -> None:
+        """Start a replacement for lost instance `lost_id` (returns at once)."""
+
+    def pending_replacements(self) -> int:
+        """Replacements started and not yet joined or failed."""
+
+    def joined(self, next_id: int, wait: bool) -> list[tuple[int, Instance]]:
+        """(lost id, replacement) for the replacements that are up, numbered from `next_id` on;
+        with `wait`, block until at least one is up or every pending one has failed."""
 
 
 class ConcurrentDriver(_DriverBase):
     """Real time; every instance with work steps at once; see the module docstring."""
 
     def __init__(self, controller: Controller, clock: Callable[[], float] | None = None,
-                 fault: FaultPlan | None = None):
+                 fault: FaultPlan | None = None, replacer: Replacer | None = None):
         super().__init__(controller)
         self.clock = clock or time.perf_counter
         self.fault = fault.validate(len(controller.instances)) if fault else None
+        if self.fault and self.fault.when == "kv_load" and not hasattr(
+                controller.instances[self.fault.instance], "inject_fault"):
+            raise ConfigError("fault_when='kv_load' is invalid for in-process instances; "
+                              "allowed: backend='ray' (the actor's process exits mid-load)")
+        self.replacer = replacer
         self.rounds = 0
         self.lost_reasons: dict[int, str] = {}  # instance -> why it was marked lost
+        self.replaced: dict[int, int] = {}  # lost instance -> the instance that replaced it
 
     def run(self) -> None:
         ctl = self.ctl
@@ -81,7 +122,8 @@ class ConcurrentDriver(_DriverBase):
                 busy = [i for i, inst in enumerate(insts) if self.alive[i] and inst.has_work()]
                 if not busy:
                     if ctl.dispatch(self.clock() - origin) == 0:
-                        raise self._stalled()
+                        if not self._adopt(wait=True):
+                            raise self._stalled()
                     continue
                 started = {i: self._start(insts[i], threads) for i in busy}
                 reports: dict[int, StepReport] = {}
@@ -100,7 +142,8 @@ class ConcurrentDriver(_DriverBase):
                         ctl.on_chunk_result(res, now)
                 for i in lost:
                     self._lose(i, now)
-                self._maybe_fault(now)
+                self._maybe_fault(now, reports)
+                self._adopt(wait=not any(self.alive))
                 ctl.dispatch(now)
         finally:
             threads.shutdown(wait=True)
@@ -128,14 +171,37 @@ class ConcurrentDriver(_DriverBase):
         self.alive[i] = False
         self.timelines[i].lost_at = now
         self.ctl.on_instance_lost(i, now)
+        if self.replacer is not None:
+            self.replacer.replace(i)
 
-    def _maybe_fault(self, now: float) -> None:
+    def _adopt(self, wait: bool) -> bool:
+        """Register replacements that are up with the controller; True when any joined."""
+        if self.replacer is None or not self.replacer.pending_replacements():
+            return False
+        joined = self.replacer.joined(len(self.ctl.instances), wait)
+        for lost_id, inst in joined:
+            self.ctl.add_instance(inst)
+            self.alive.append(True)
+            self.timelines.append(InstanceTimeline(inst.instance_id))
+            self.replaced[lost_id] = inst.instance_id
+        return bool(joined)
+
+    def _maybe_fault(self, now: float, reports: dict[int, StepReport] | None = None) -> None:
         f = self.fault
         if f is None or f.fired_at is not None or self.ctl.stats.chunks < f.after_chunks:
             return
+        inst = self.ctl.instances[f.instance]
+        if f.when == "kv_load":
+            f.fired_at = now
+            self.lost_reasons[f.instance] = "killed by the fault plan while importing KV"
+            inst.inject_fault("kill_on_kv_load")
+            return
+        if f.when == "kv_put":
+            rep = (reports or {}).get(f.instance)
+            if rep is None or not any(r.kv_handle is not None for r in rep.finished):
+                return  # wait for a round in which it wrote KV to the pool
         f.fired_at = now
         self.lost_reasons[f.instance] = f"killed by the fault plan after {f.after_chunks} chunks"
-        inst = self.ctl.instances[f.instance]
         t0 = time.perf_counter()
         if hasattr(inst, "kill"):
             inst.kill()

@@ -172,12 +172,14 @@ class ControllerStats:
     migrations: int = 0
     preemptions: int = 0
     reprefill_tokens: int = 0
+    reprefill_chunks: int = 0  # chunks that recomputed their context (no KV in the pool)
     kv_bytes_imported: int = 0
     kv_bytes_exported: int = 0
     spec_proposed: int = 0
     spec_accepted: int = 0
     lost_instances: list[int] = dataclasses.field(default_factory=list)
     redispatched_chunks: int = 0
+    replacement_instances: list[int] = dataclasses.field(default_factory=list)
     dispatch_rounds: int = 0
 
 
@@ -415,6 +417,7 @@ class Controller:
         st.chunks += 1
         st.preemptions += res.preemptions
         st.reprefill_tokens += res.reprefill_tokens
+        st.reprefill_chunks += int(res.reprefill_tokens > 0)
         st.spec_proposed += res.spec_proposed
         st.spec_accepted += res.spec_accepted
         st.kv_bytes_imported += res.kv_bytes_imported
@@ -470,6 +473,19 @@ class Controller:
                         r.pinned_instance = alive[k % len(alive)].instance_id
         for r in lost:
             self.policy.push(r)
+
+    def add_instance(self, inst: Instance) -> int:
+        """Register an instance that joined during the rollout (e.g. a replacement for a lost
+        one); later chunks may be placed on it. Its id must be the next one (len(instances))."""
+        if inst.instance_id != len(self.instances):
+            raise SeerError(f"a joining instance must have id {len(self.instances)}, "
+                            f"got {inst.instance_id}")
+        ld = inst.load()
+        self.instances.append(inst)
+        self.slots.append(InstanceSlot(instance_id=inst.instance_id, total_pages=ld.total_kv_pages,
+                                       page_size=ld.page_size, max_in_flight=self._in_flight_cap(ld)))
+        self.stats.replacement_instances.append(inst.instance_id)
+        return inst.instance_id
 
     def results(self, detokenize: Callable[[list[int]], str] | None = None) -> list[ResponseResult]:
         """Every response, in group order then sample order (call when `done`)."""

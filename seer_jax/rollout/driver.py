@@ -40,6 +40,7 @@ class InstanceTimeline:
     busy_s: float = 0.0
     steps: int = 0
     tokens: int = 0
+    chunks: int = 0  # chunks that ended here
     last_busy_at: float = 0.0
     lost_at: float | None = None
 
@@ -48,6 +49,7 @@ class InstanceTimeline:
         self.busy_s += rep.duration_s
         self.steps += 1
         self.tokens += rep.num_tokens
+        self.chunks += len(rep.finished)
         self.last_busy_at = now
 
 

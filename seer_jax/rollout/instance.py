@@ -59,7 +59,8 @@ class Instance(Protocol):
 
 class KVPool(Protocol):
     """The global KV pool: unfinished requests' KV between chunks. Host memory in-process by
-    default; Ray object store / Mooncake later. Blobs are opaque to the pool."""
+    default (`HostKVPool`); across hosts Ray's object store (`RayKVPool`) or Mooncake Store
+    (`MooncakeKVPool`). Blobs are opaque to the pool."""
 
     def put(self, request_id: str, blob: object, nbytes: int) -> str:
         """Store a request's KV (replacing an older version); returns a handle."""

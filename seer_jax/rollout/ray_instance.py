@@ -22,12 +22,25 @@ store once and every actor applies them between two steps, only when it has no c
 Multi-host slices (`RayBackendConfig.hosts_per_slice` = H > 1): a slice is H actors, one per
 host bundle, that join one `jax.distributed` cluster (the leader, host 0, picks a free port on
 its node; the others connect to it) and build the same engine over the global mesh of all their
-devices. Every state-changing call (submit, abort, set_now, step, update_params, reset, fault
-injection) goes to all H actors in the same order, so their host-side schedulers stay identical
-and their device steps run as one SPMD program. The proxy answers from the leader's results; the
-followers return a digest of theirs, checked against the leader's. KV moving between slices is
-written by the leader only, and a KV handle is resolved once by the proxy so that every host
-imports the same blob (or none). A host that dies, raises or hangs loses the whole slice.
+devices. Every state-changing call (submit, abort, set_now, step, update_params, reset with the
+slice's new instance id, fault injection, kill) goes to all H actors in the same order, so their
+host-side schedulers stay identical and their device steps run as one SPMD program. The proxy
+answers from the leader's results; the followers return a digest of theirs, checked against the
+leader's. KV moving between slices is written by the leader only (so the pool records the
+leader as the writer of the slice's blobs), and a KV handle is resolved once by the proxy so
+that every host imports the same blob (or none). A host that dies, raises or hangs loses the
+whole slice.
+
+Lost actors: the proxy kills every actor of a lost slice and tells the KV pool (`writer_lost`,
+with the leader's actor id) to drop the blobs it wrote: they died with it, and their requests
+re-prefill. Replacement (`replace_lost=True`, single-host slices only): the group is the
+`ConcurrentDriver`'s replacer. For a lost actor it starts a new one in the lost actor's
+placement-group bundle (freed when it was killed) with the group's current weights and version
+and the current KV pool; the rollout goes on while it starts, and once it answers the driver
+registers it with the controller as a new instance (the next id). `reset()` numbers the live
+slices 0..N-1 again for the next rollout. A lost multi-host slice is not replaced
+(`replace_lost` with `hosts_per_slice` > 1 is a ConfigError): the rollout goes on with the
+slices left.
 """
 
 from __future__ import annotations
@@ -35,20 +48,22 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from seer_jax.engine.engine import EngineConfig
-from seer_jax.errors import SeerError
+from seer_jax.errors import ConfigError, SeerError
 from seer_jax.model.config import ModelConfig
 from seer_jax.rollout.instance import InstanceLostError, KVPool
 from seer_jax.rollout.ray_cluster import RayBackendConfig, ensure_ray
 from seer_jax.rollout.types import ChunkRequest, InstanceLoad, StepReport
 
 PLACEMENT_TIMEOUT_S = 60.0  # how long to wait for the cluster to fit the placement group
+ACTOR_FAULTS = ("raise", "hang", "kill_on_kv_load")
 Weights = Mapping[str, Any] | str  # a params tree of arrays, or a model name/path to load
+PoolFactory = Callable[[int | None], KVPool]  # capacity_bytes -> a pool every actor can use
 
 
 @dataclasses.dataclass
@@ -73,9 +88,10 @@ class EngineActor:
 
     def __init__(self, instance_id: int, cfg: ModelConfig, weights: Weights, dtype: str,
                  engine_config: EngineConfig, tp: int, pool: KVPool,
-                 eos_ids: tuple[int, ...] | None, record_steps: bool, host: int = 0,
-                 hosts: int = 1):
-        """host, hosts: this actor's place in a slice of `hosts` actors; with hosts > 1 nothing
+                 eos_ids: tuple[int, ...] | None, record_steps: bool, params_version: int = 0,
+                 host: int = 0, hosts: int = 1):
+        """params_version: the version of `weights` (a replacement starts at the group's);
+        host, hosts: this actor's place in a slice of `hosts` actors; with hosts > 1 nothing
         touches jax here (`jax.distributed` must start first): `join` builds the engine once
         every host of the slice has started."""
         self.instance_id = instance_id
@@ -86,7 +102,7 @@ class EngineActor:
         self.eos_ids = eos_ids
         self.record_steps = record_steps
         self.cfg, self.params, self.dtype = cfg, weights, dtype
-        self.params_version = 0
+        self.params_version = params_version
         self.fault: str | None = None
         self.inst = None
         if hosts == 1:
@@ -149,6 +165,7 @@ class EngineActor:
         engine = Engine(self.cfg, self.params, self.engine_config, mesh=mesh, eos_ids=self.eos_ids)
         self.inst = EngineInstance(self.instance_id, engine, self.pool,
                                    record_steps=self.record_steps)
+        self.ran: set[str] = set()  # requests that had a chunk submitted here
 
     def snapshot(self) -> ActorSnapshot:
         inst = self.inst
@@ -163,6 +180,13 @@ class EngineActor:
         [] (missing), so that every host imports the same blob or none."""
         if kv_refs is not None and chunk.kv_handle is not None:
             self.pool.resolve(chunk.kv_handle, kv_refs)
+        if (self.fault == "kill_on_kv_load" and chunk.kv_handle is not None
+                and chunk.request_id not in self.ran):
+            # KV another actor wrote: the process dies once the blob is fetched, before the
+            # engine installs it
+            self.pool.get(chunk.kv_handle)
+            os._exit(1)
+        self.ran.add(chunk.request_id)
         self.inst.submit(chunk)
 
     def set_now(self, t: float) -> None:
@@ -183,8 +207,14 @@ class EngineActor:
         return rep, self.snapshot()
 
     def inject_fault(self, kind: str) -> None:
-        """Fault injection for tests and demos: the next step raises ("raise") or hangs ("hang")."""
+        """Fault injection for tests and demos: the next step raises ("raise") or hangs ("hang"),
+        or the process exits while importing KV that another actor wrote ("kill_on_kv_load")."""
+        if kind not in ACTOR_FAULTS:
+            raise SeerError(f"fault {kind!r} is unknown; allowed: {list(ACTOR_FAULTS)}")
         self.fault = kind
+
+    def set_instance_id(self, instance_id: int) -> None:
+        self.instance_id = self.inst.instance_id = instance_id
 
     def update_params(self, version: int, params: Mapping[str, Any]) -> int:
         """New weights between steps; refused (SeerError) while chunks are in flight here."""
@@ -192,12 +222,13 @@ class EngineActor:
         self.params, self.params_version = params, version
         return version
 
-    def reset(self, pool: KVPool | None = None) -> ActorSnapshot:
+    def reset(self, pool: KVPool | None = None, instance_id: int | None = None) -> ActorSnapshot:
         """A fresh engine (empty caches, clock 0, empty step log) with the current weights, and
-        a new KV pool when given."""
+        a new KV pool and instance id when given."""
         self.base_pool = pool or self.base_pool
         self.pool = (_HostPool(self.base_pool, leader=self.host == 0) if self.hosts > 1
                      else self.base_pool)
+        self.instance_id = self.instance_id if instance_id is None else instance_id
         self._build()
         return self.snapshot()
 
@@ -210,10 +241,11 @@ def report_digest(rep: StepReport) -> tuple:
     return tuple((r.request_id, tuple(r.new_token_ids), r.finish_reason) for r in rep.finished)
 
 
+
 class _HostPool:
     """The KV pool as one host of a multi-host slice sees it: handles were resolved by the proxy
     (`resolve`) so every host imports the same blob, and only the leader writes (every host holds
-    the same full KV of a finished chunk)."""
+    the same full KV of a finished chunk) and reports reads to the directory."""
 
     def __init__(self, pool: Any, leader: bool):
         self.pool, self.leader = pool, leader
@@ -223,21 +255,10 @@ class _HostPool:
         self._resolved[handle] = refs
 
     def get(self, handle: str) -> object | None:
-        import ray
-
-        from seer_jax.rollout.ray_pool import GET_TIMEOUT_S
-
         refs = self._resolved.pop(handle, [])
         if not refs:
             return None
-        t0 = time.perf_counter()
-        try:
-            blob = ray.get(refs[0], timeout=GET_TIMEOUT_S)
-        except (ray.exceptions.ObjectLostError, ray.exceptions.GetTimeoutError):
-            return None
-        if self.leader:
-            self.pool.directory.record_get.remote(time.perf_counter() - t0)
-        return blob
+        return self.pool.fetch(handle, refs, report=self.leader)
 
     def put(self, request_id: str, blob: object, nbytes: int) -> str:
         return self.pool.put(request_id, blob, nbytes) if self.leader else ""
@@ -248,16 +269,20 @@ class RayInstance:
     slice (leader first); implements `Instance`."""
 
     def __init__(self, instance_id: int, actor: Any, snapshot: ActorSnapshot, step_timeout_s: float,
-                 followers: Sequence[Any] = (), pool: Any = None):
-        """followers: the other hosts' actors of a multi-host slice; pool: the `RayKVPool` whose
-        handles the proxy resolves for them."""
+                 followers: Sequence[Any] = (), pool: Any = None, bundle_index: int = 0):
+        """followers: the other hosts' actors of a multi-host slice; pool: the KV pool (its
+        handles are resolved here for a multi-host slice, and it is told when the slice is lost,
+        so the KV its leader wrote is dropped); bundle_index: the leader's placement-group
+        bundle."""
         self.instance_id = instance_id
         self.actor = actor
         self.actors = [actor, *followers]
         self.pool = pool
         self.snap = snapshot
         self.step_timeout_s = step_timeout_s
+        self.bundle_index = bundle_index  # its placement-group bundle
         self.lost = False
+        self.killed = False  # `kill` was called (the actors may still answer for a moment)
         self._submits: list = []  # refs of submits sent since the last step
 
     # ---- Instance -------------------------------------------------------------------------------
@@ -305,8 +330,8 @@ class RayInstance:
             a.abort.remote(request_id)
 
     def inject_fault(self, kind: str, host: int | None = None) -> None:
-        """Fault injection (tests, demos): the next step of every host (or of `host` only)
-        raises ("raise") or hangs ("hang")."""
+        """Arm a fault (`EngineActor.inject_fault`) on every host of the slice (or on `host`
+        only); it lands before later calls."""
         for h, a in enumerate(self.actors):
             if host is None or h == host:
                 a.inject_fault.remote(kind)
@@ -337,12 +362,23 @@ class RayInstance:
         return rep
 
     def check_alive(self, timeout_s: float = 30.0) -> None:
-        """Raise InstanceLostError unless every host's actor answers within timeout_s."""
-        self.snap = self._get([a.snapshot.remote() for a in self.actors], timeout_s)[0]
+        """Raise InstanceLostError unless every host's actor answers within timeout_s. After
+        `kill`, wait (up to timeout_s) until the actors are found gone: `ray.kill` is
+        asynchronous, and a call sent right after it may still be answered."""
+        if not self.killed:
+            self.snap = self._get([a.snapshot.remote() for a in self.actors], timeout_s)[0]
+            return
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:  # _get raises once a killed actor is gone
+            self._get([a.snapshot.remote() for a in self.actors],
+                      max(0.0, deadline - time.monotonic()))
+            time.sleep(0.01)
+        self._lose(f"still answering {timeout_s:g} s after it was killed")
 
     def kill(self) -> None:
         import ray
 
+        self.killed = True
         for a in self.actors:
             ray.kill(a, no_restart=True)
 
@@ -372,25 +408,50 @@ class RayInstance:
     def _lose(self, why: str) -> None:
         self.lost = True
         self.kill()
+        if hasattr(self.pool, "writer_lost"):  # its KV blobs died with it (the leader wrote them)
+            self.pool.writer_lost(self.actor._actor_id.hex())
         raise InstanceLostError(f"instance {self.instance_id} lost: {why}")
 
 
+@dataclasses.dataclass
+class ActorSpec:
+    """What starting an engine actor takes (kept by the group to start replacements)."""
+
+    cfg: ModelConfig
+    weights: Any  # object ref of numpy params, or a model name/path each actor loads
+    dtype: str
+    engine_config: EngineConfig
+    tp: int
+    eos_ids: tuple[int, ...] | None
+    record_steps: bool
+    backend: RayBackendConfig
+
+
 class RayInstanceGroup:
-    """The actors of one rollout deployment: their proxies, the KV pool, weight sync, shutdown."""
+    """The actors of one rollout deployment: their proxies, the KV pool, weight sync,
+    replacement of lost actors (the driver's `Replacer`), shutdown."""
 
     def __init__(self, instances: list[RayInstance], pool: KVPool, placement_group: Any,
-                 pool_capacity_bytes: int | None = None):
+                 pool_capacity_bytes: int | None = None, spec: ActorSpec | None = None,
+                 replace_lost: bool = False, pool_factory: PoolFactory | None = None):
         self.instances = instances
         self.pool = pool
         self.pool_capacity_bytes = pool_capacity_bytes
+        self.pool_factory = pool_factory
         self.placement_group = placement_group
         self.params_version = 0
+        self.spec = spec
+        self.replace_lost = replace_lost
+        # replacements started and not joined yet: (lost id, bundle index, actor, snapshot ref)
+        self._pending: list[tuple[int, int, Any, Any]] = []
+        self.failed_replacements: dict[int, str] = {}  # lost id -> why its replacement failed
 
     def update_params(self, params: Mapping[str, Any], version: int | None = None) -> int:
         """Push new weights to every live actor through the object store (put once); returns the
         version. Call between rollouts: an actor with chunks in flight refuses."""
         import ray
 
+        self._join_all()
         version = self.params_version + 1 if version is None else version
         live = [i for i in self.instances if not i.lost]
         busy = [i.instance_id for i in live if i.has_work()]
@@ -403,24 +464,85 @@ class RayInstanceGroup:
             inst.snap.params_version = version
         assert got == [version] * len(got)
         self.params_version = version
+        if self.spec is not None:  # replacements start with these weights
+            self.spec = dataclasses.replace(self.spec, weights=ref)
         return version
 
     def reset(self) -> None:
         """Fresh engines and a fresh KV pool (zeroed counters) on every live actor, between
-        independent rollouts."""
+        independent rollouts; lost actors are dropped and the live ones numbered 0..N-1."""
         import ray
 
         from seer_jax.rollout.ray_pool import RayKVPool
 
-        old, self.pool = self.pool, RayKVPool.create(self.pool_capacity_bytes)
+        self._join_all()
+        make = self.pool_factory or RayKVPool.create
+        old, self.pool = self.pool, make(self.pool_capacity_bytes)
         live = [i for i in self.instances if not i.lost]
-        refs = [[a.reset.remote(self.pool) for a in i.actors] for i in live]
-        for inst, snaps in zip(live, refs, strict=True):
-            inst.snap = ray.get(snaps)[0]  # the leader's
-            inst.pool = self.pool
+        refs = [[a.reset.remote(self.pool, k) for a in i.actors] for k, i in enumerate(live)]
+        for k, (inst, snaps) in enumerate(zip(live, refs, strict=True)):
+            inst.instance_id, inst.snap, inst.pool = k, ray.get(snaps)[0], self.pool  # the leader's
+        self.instances = live
         if hasattr(old, "shutdown"):
             old.shutdown()
 
+    # ---- replacement (the ConcurrentDriver's Replacer) ------------------------------------------
+    def replacer(self) -> RayInstanceGroup | None:
+        """What to hand `rollout(replacer=...)`: this group when it replaces lost actors."""
+        return self if self.replace_lost else None
+
+    def replace(self, lost_id: int) -> None:
+        """Start an actor in lost instance `lost_id`'s bundle, with the current weights."""
+        if self.spec is None:
+            raise SeerError("this group cannot start actors (built without an ActorSpec)")
+        if self.spec.backend.hosts_per_slice > 1:
+            raise SeerError("a lost multi-host slice is not replaced (hosts_per_slice="
+                            f"{self.spec.backend.hosts_per_slice})")
+        lost = next(i for i in self.instances if i.instance_id == lost_id)
+        actor = _start_actor(self.spec, self.placement_group, lost.bundle_index, -1, self.pool,
+                             self.params_version)
+        self._pending.append((lost_id, lost.bundle_index, actor, actor.snapshot.remote()))
+
+    def pending_replacements(self) -> int:
+        return len(self._pending)
+
+    def joined(self, next_id: int, wait: bool) -> list[tuple[int, RayInstance]]:
+        """Replacements whose actor answers, as (lost id, instance numbered from next_id on);
+        with `wait`, block until one answers or every pending one has failed."""
+        import ray
+
+        out: list[tuple[int, RayInstance]] = []
+        timeout = self.spec.backend.step_timeout_s if self.spec else PLACEMENT_TIMEOUT_S
+        while self._pending and not out:
+            refs = [p[3] for p in self._pending]
+            done, _ = ray.wait(refs, num_returns=1 if wait else len(refs),
+                               timeout=timeout if wait else 0)
+            if wait and not done:  # none answered in time: they count as failed
+                done = refs
+            done_set = set(done)
+            for entry in [p for p in self._pending if p[3] in done_set]:
+                self._pending.remove(entry)
+                lost_id, bundle, actor, ref = entry
+                try:
+                    snap = ray.get(ref, timeout=0)
+                except Exception as e:  # the actor failed to start (or to answer in time)
+                    self.failed_replacements[lost_id] = f"{type(e).__name__}: {e}"
+                    ray.kill(actor, no_restart=True)
+                    continue
+                iid = next_id + len(out)
+                actor.set_instance_id.remote(iid)
+                inst = RayInstance(iid, actor, snap, timeout, bundle_index=bundle, pool=self.pool)
+                self.instances.append(inst)
+                out.append((lost_id, inst))
+            if not wait:
+                break
+        return out
+
+    def _join_all(self) -> None:
+        while self._pending:
+            self.joined(len(self.instances), wait=True)
+
+    # ---- inspection and teardown ----------------------------------------------------------------
     def step_logs(self) -> list:
         import ray
 
@@ -437,28 +559,61 @@ class RayInstanceGroup:
         for inst in self.instances:
             for a in inst.actors:
                 ray.kill(a, no_restart=True)
+        for *_, actor, _ in self._pending:
+            ray.kill(actor, no_restart=True)
+        self._pending = []
         if hasattr(self.pool, "shutdown"):
             self.pool.shutdown()
         if self.placement_group is not None:
             ray.util.remove_placement_group(self.placement_group)
 
 
+def _start_actor(spec: ActorSpec, pg: Any, bundle_index: int, instance_id: int, pool: KVPool,
+                 params_version: int, host: int = 0) -> Any:
+    """The engine actor of host `host` of a slice in bundle `bundle_index` of placement group
+    `pg` (returns at once; with hosts_per_slice > 1 it builds its engine in `join`)."""
+    import ray
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    backend = spec.backend
+    per_host = spec.tp // backend.hosts_per_slice
+    opts: dict[str, Any] = dict(
+        num_cpus=backend.bundle(spec.tp).get("CPU", 0),
+        scheduling_strategy=PlacementGroupSchedulingStrategy(
+            placement_group=pg, placement_group_bundle_index=bundle_index),
+        runtime_env={"env_vars": backend.actor_env(spec.tp)},
+        max_restarts=0)
+    if backend.resource == "GPU":
+        opts["num_gpus"] = per_host
+    elif backend.resource == "TPU":
+        opts["resources"] = {"TPU": per_host}
+    return ray.remote(EngineActor).options(**opts).remote(
+        instance_id, spec.cfg, spec.weights, spec.dtype, spec.engine_config, spec.tp, pool,
+        spec.eos_ids, spec.record_steps, params_version, host, backend.hosts_per_slice)
+
+
 def make_ray_instances(cfg: ModelConfig, weights: Weights, *, num_instances: int, tp: int,
                        engine_config: EngineConfig, backend: RayBackendConfig | None = None,
                        dtype: str = "float32", eos_ids: Sequence[int] | None = None,
                        pool_capacity_bytes: int | None = None,
-                       record_steps: bool = False) -> RayInstanceGroup:
+                       record_steps: bool = False, replace_lost: bool = False,
+                       pool_factory: PoolFactory | None = None) -> RayInstanceGroup:
     """Start the engine actors, one per slice host (`backend.hosts_per_slice` per slice; the
-    placement group has one bundle per host), sharing an object-store KV pool. weights: a params
-    tree (sent as numpy arrays, one object-store copy) or a model name/path each actor loads
-    itself."""
+    placement group has one bundle per host), sharing a KV pool: `pool_factory(capacity_bytes)`
+    (called once Ray is up, and again by `reset()`), by default the object-store `RayKVPool`.
+    weights: a params tree (sent as numpy arrays, one object-store copy) or a model name/path
+    each actor loads itself. replace_lost: start a replacement for every actor lost during a
+    rollout (the group is then `rollout`'s replacer); single-host slices only."""
     from seer_jax.rollout.ray_pool import RayKVPool
 
     backend = (backend or RayBackendConfig()).validate()
     hosts = backend.hosts_per_slice
     backend.check_tp(tp)
+    if replace_lost and hosts > 1:
+        raise ConfigError(f"ray replace_lost=True is invalid with hosts_per_slice={hosts}; "
+                          "allowed: replace_lost=False for slices spanning several hosts (a lost "
+                          "multi-host slice is not replaced), or hosts_per_slice=1")
     ray = ensure_ray(backend, min_cpus=num_instances * hosts)
-    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
     bundle = backend.bundle(tp)
     pg = ray.util.placement_group([dict(bundle) for _ in range(num_instances * hosts)],
@@ -470,27 +625,13 @@ def make_ray_instances(cfg: ModelConfig, weights: Weights, *, num_instances: int
         raise SeerError(
             f"the cluster cannot place {num_instances * hosts} bundles of {bundle} "
             f"(strategy {backend.strategy}); available: {ray.available_resources()}") from None
-    pool = RayKVPool.create(pool_capacity_bytes)
-    weights_arg = weights if isinstance(weights, str) else ray.put(numpy_params(weights))
-    actor_cls = ray.remote(EngineActor)
-    per_host = tp // hosts
-    slices: list[list[Any]] = []
-    for i in range(num_instances):
-        slices.append([])
-        for h in range(hosts):
-            opts: dict[str, Any] = dict(
-                num_cpus=bundle.get("CPU", 0),
-                scheduling_strategy=PlacementGroupSchedulingStrategy(
-                    placement_group=pg, placement_group_bundle_index=i * hosts + h),
-                runtime_env={"env_vars": backend.actor_env(tp)},
-                max_restarts=0)
-            if backend.resource == "GPU":
-                opts["num_gpus"] = per_host
-            elif backend.resource == "TPU":
-                opts["resources"] = {"TPU": per_host}
-            slices[-1].append(actor_cls.options(**opts).remote(
-                i, cfg, weights_arg, dtype, engine_config, tp, pool,
-                tuple(eos_ids) if eos_ids is not None else None, record_steps, h, hosts))
+    pool = (pool_factory or RayKVPool.create)(pool_capacity_bytes)
+    spec = ActorSpec(cfg=cfg, weights=weights if isinstance(weights, str) else ray.put(numpy_params(weights)),
+                     dtype=dtype, engine_config=engine_config, tp=tp,
+                     eos_ids=tuple(eos_ids) if eos_ids is not None else None,
+                     record_steps=record_steps, backend=backend)
+    slices = [[_start_actor(spec, pg, i * hosts + h, i, pool, 0, h) for h in range(hosts)]
+              for i in range(num_instances)]
     if hosts > 1:  # every host of a slice joins its leader's jax.distributed cluster at once
         leaders = ray.get([actors[0].coordinator.remote() for actors in slices],
                           timeout=backend.step_timeout_s)
@@ -500,6 +641,7 @@ def make_ray_instances(cfg: ModelConfig, weights: Weights, *, num_instances: int
     snaps = ray.get([actors[0].snapshot.remote() for actors in slices],
                     timeout=backend.step_timeout_s)
     instances = [RayInstance(i, actors[0], s, backend.step_timeout_s, followers=actors[1:],
-                             pool=pool)
+                             pool=pool, bundle_index=i * hosts)
                  for i, (actors, s) in enumerate(zip(slices, snaps, strict=True))]
-    return RayInstanceGroup(instances, pool, pg, pool_capacity_bytes)
+    return RayInstanceGroup(instances, pool, pg, pool_capacity_bytes, spec, replace_lost,
+                            pool_factory)

@@ -6,7 +6,11 @@ its size, with the byte capacity, LRU eviction and versioned handles of `HostKVP
 
 - `put` (on the engine actor whose chunk ended): `ray.put(blob)`, then the ref is registered with
   the directory. The writing actor owns the object (Ray removed `ray.put(_owner=...)`), so the
-  KV of a lost actor is gone with it: a `get` of it answers None and the request re-prefills;
+  KV of a lost actor dies with it. The directory records each blob's writer (its actor id); when
+  an actor is found lost, `writer_lost` drops all its blobs (counted `lost`) before anything
+  reads them, so their requests re-prefill whatever the timing (Ray frees owned objects shortly
+  after the owner's death: reading one in between could succeed or fail). A blob found gone
+  when read (`OwnerDiedError`, a lost node) is dropped the same way and the `get` answers None;
 - `get` (on the engine actor that runs the next chunk): the directory answers with the ref (or
   None: evicted or superseded, the caller re-prefills) and the blob is fetched from the object
   store, from the writer's node to the reader's node;
@@ -40,15 +44,35 @@ class RayKVPoolStats(KVPoolStats):
 
 
 class PoolDirectory:
-    """The directory actor's class: `HostKVPool` bookkeeping over object refs."""
+    """The directory actor's class: `HostKVPool` bookkeeping over object refs (or over the keys
+    of an external store: with `collect_dropped`, every blob that leaves the pool is kept for
+    `take_dropped()`, so the client frees it in the store)."""
 
-    def __init__(self, capacity_bytes: int | None):
-        self.pool = HostKVPool(capacity_bytes)
+    def __init__(self, capacity_bytes: int | None, collect_dropped: bool = False):
+        self.dropped: list = []
+        self.pool = HostKVPool(capacity_bytes, on_drop=self.dropped.append if collect_dropped else None)
         self.transfer_s = 0.0
+        self.writers: dict[str, str | None] = {}  # request_id -> actor id of its blob's writer
 
-    def put(self, request_id: str, refs: list, nbytes: int, seconds: float) -> str:
+    def put(self, request_id: str, refs: list, nbytes: int, seconds: float,
+            writer: str | None = None, stored: bool = True) -> str:
         self.transfer_s += seconds
-        return self.pool.put(request_id, refs, nbytes)
+        self.writers[request_id] = writer
+        return self.pool.put(request_id, refs, nbytes, stored)
+
+    def request_ids(self) -> list[str]:
+        return list(self.writers)
+
+    def take_dropped(self) -> list:
+        out, self.dropped[:] = list(self.dropped), []
+        return out
+
+    def writer_lost(self, writer: str) -> int:
+        """Drop every blob `writer` wrote (they die with it); returns how many."""
+        gone = [rid for rid, w in self.writers.items() if w == writer]
+        for rid in gone:
+            del self.writers[rid]
+        return sum(self.pool.lose(rid) for rid in gone)
 
     def get(self, handle: str) -> list | None:
         return self.pool.get(handle)
@@ -56,7 +80,11 @@ class PoolDirectory:
     def record_get(self, seconds: float) -> None:
         self.transfer_s += seconds
 
+    def lose_read(self, handle: str) -> None:
+        self.pool.lose_read(handle)
+
     def delete(self, request_id: str) -> None:
+        self.writers.pop(request_id, None)
         self.pool.delete(request_id)
 
     def stats(self) -> RayKVPoolStats:
@@ -85,8 +113,9 @@ class RayKVPool:
         t0 = time.perf_counter()
         ref = ray.put(blob)
         seconds = time.perf_counter() - t0
+        writer = ray.get_runtime_context().get_actor_id()  # None outside an actor
         # the ref travels inside a list, so the directory keeps the ref, not the blob
-        return ray.get(self.directory.put.remote(request_id, [ref], nbytes, seconds))
+        return ray.get(self.directory.put.remote(request_id, [ref], nbytes, seconds, writer))
 
     def get(self, handle: str) -> object | None:
         import ray
@@ -94,16 +123,34 @@ class RayKVPool:
         refs = ray.get(self.directory.get.remote(handle))
         if refs is None:
             return None
+        return self.fetch(handle, refs)
+
+    def fetch(self, handle: str, refs: list, report: bool = True) -> object | None:
+        """The blob of `handle`, whose directory answer `refs` was read already (by this `get`,
+        or once for every host of a multi-host slice); None when it is gone. report=False: leave
+        the directory alone (a follower host: its leader reports the read)."""
+        import ray
+
         t0 = time.perf_counter()
         try:
             blob = ray.get(refs[0], timeout=GET_TIMEOUT_S)
         except (ray.exceptions.ObjectLostError, ray.exceptions.GetTimeoutError):
-            return None  # its writer (owner) or node is gone: re-prefill
-        self.directory.record_get.remote(time.perf_counter() - t0)
+            # its writer (the owner) or its node is gone: count it lost, the caller re-prefills
+            if report:
+                ray.get(self.directory.lose_read.remote(handle))
+            return None
+        if report:
+            self.directory.record_get.remote(time.perf_counter() - t0)
         return blob
 
     def delete(self, request_id: str) -> None:
         self.directory.delete.remote(request_id)
+
+    def writer_lost(self, writer: str) -> int:
+        """The actor `writer` (its Ray actor id) is lost: drop the blobs it wrote."""
+        import ray
+
+        return ray.get(self.directory.writer_lost.remote(writer))
 
     def stats(self) -> RayKVPoolStats:
         import ray

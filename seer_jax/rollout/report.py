@@ -84,6 +84,7 @@ class InstanceReport:
     steps: int
     last_busy_at: float
     lost_at: float | None
+    chunks: int = 0  # chunks that ended on this instance
 
 
 @dataclasses.dataclass
@@ -123,6 +124,12 @@ class RolloutReport:
     redispatched_chunks: int = 0
     # KV pool transfer rate (bytes moved / transfer time, GB/s) where the pool measures it
     kv_pool_transfer_gbps: float | None = None
+    # chunks that re-prefilled their context because its KV was not in the pool (evicted, or
+    # lost with the instance that wrote it), and of those reads, the ones lost with their writer
+    reprefill_chunks: int = 0
+    kv_pool_lost_blobs: int | None = None
+    # instances that joined during the rollout to replace lost ones
+    replacement_instances: list[int] = dataclasses.field(default_factory=list)
 
     @property
     def spec_acceptance(self) -> float | None:
@@ -155,6 +162,9 @@ class RolloutReport:
             "length_model_icc": None if self.length_model is None else self.length_model["icc"],
             "lost_instances": len(self.lost_instances),
             "redispatched_chunks": self.redispatched_chunks,
+            "reprefill_chunks": self.reprefill_chunks,
+            "kv_pool_lost_blobs": self.kv_pool_lost_blobs,
+            "replacement_instances": len(self.replacement_instances),
             "kv_pool_transfer_gbps": self.kv_pool_transfer_gbps,
         }
 
@@ -186,14 +196,16 @@ def build_report(results, controller, driver, pool=None) -> RolloutReport:
                 steps=tl.steps,
                 last_busy_at=tl.last_busy_at,
                 lost_at=tl.lost_at,
+                chunks=tl.chunks,
             )
         )
-    pool_moved = pool_evictions = pool_gbps = None
+    pool_moved = pool_evictions = pool_gbps = pool_lost = None
     if pool is not None and hasattr(pool, "stats"):
         ps = pool.stats()
         pool_moved = int(ps.bytes_moved)
         pool_evictions = int(ps.evictions)
         pool_gbps = getattr(ps, "transfer_gbps", None)
+        pool_lost = getattr(ps, "lost", None)
     st = controller.stats
     pct = lambda q: float(np.percentile(lat, q)) if len(lat) else 0.0
     return RolloutReport(
@@ -228,6 +240,9 @@ def build_report(results, controller, driver, pool=None) -> RolloutReport:
         lost_instances=list(st.lost_instances),
         redispatched_chunks=st.redispatched_chunks,
         kv_pool_transfer_gbps=pool_gbps,
+        reprefill_chunks=st.reprefill_chunks,
+        kv_pool_lost_blobs=pool_lost,
+        replacement_instances=list(st.replacement_instances),
         length_model=(None if getattr(controller.policy, "length_params", None) is None
                       else controller.policy.length_params.to_json()),
     )
@@ -293,7 +308,7 @@ def report_table(report: RolloutReport):
         ("preemptions", f"{report.preemptions}"),
         ("migrations", f"{report.migrations}"),
         ("chunks", f"{report.chunks}"),
-        ("re-prefilled tokens", f"{report.reprefill_tokens}"),
+        ("re-prefilled tokens (chunks)", f"{report.reprefill_tokens} ({report.reprefill_chunks})"),
         ("KV pool bytes moved", _fmt_bytes(report.kv_pool_bytes_moved)
          + ("" if report.kv_pool_transfer_gbps is None
             else f" at {report.kv_pool_transfer_gbps:.2f} GB/s")),
@@ -306,6 +321,12 @@ def report_table(report: RolloutReport):
     if report.lost_instances:
         rows.append(("lost instances", str(report.lost_instances)))
         rows.append(("re-dispatched chunks", str(report.redispatched_chunks)))
+    if report.kv_pool_lost_blobs:
+        rows.append(("KV blobs lost with their writer", str(report.kv_pool_lost_blobs)))
+    if report.replacement_instances:
+        served = {i.instance_id: i.chunks for i in report.instances}
+        rows.append(("replacement instances (chunks)", ", ".join(
+            f"{i} ({served.get(i, 0)})" for i in report.replacement_instances)))
     for k, v in rows:
         t.add_row(k, v)
     return t

@@ -39,6 +39,7 @@ def rollout(
     detokenize: Callable[[list[int]], str] | None = None,
     policy_options: Mapping[str, Any] | None = None,
     fault: Any = None,
+    replacer: Any = None,
 ) -> RolloutOutput:
     """Run one synchronous rollout: every group's prompt sampled `group_size` times.
 
@@ -47,7 +48,8 @@ def rollout(
     built `Policy`; policy_options: its own options (e.g. seer's estimator and quantile).
     clock: "emulated" (`EmulatedClusterDriver`, per-instance virtual clocks) or "wall"
     (`WallClockDriver`, `wall_clock` defaults to time.perf_counter) or "concurrent"
-    (`ConcurrentDriver`: every instance steps at once; `fault`: a `FaultPlan` to inject).
+    (`ConcurrentDriver`: every instance steps at once; `fault`: a `FaultPlan` to inject;
+    `replacer`: starts an instance for each lost one, e.g. the `RayInstanceGroup`).
     Returns every response (group order, then sample order) and the rollout report.
     """
     ctl = Controller(
@@ -64,9 +66,12 @@ def rollout(
         policy_options=policy_options,
     )
     if clock == "concurrent":
-        driver = ConcurrentDriver(ctl, wall_clock, fault)
+        driver = ConcurrentDriver(ctl, wall_clock, fault, replacer)
     elif fault is not None:
         raise ConfigError(f"clock={clock!r} with fault injection is invalid; allowed: 'concurrent'")
+    elif replacer is not None:
+        raise ConfigError(f"clock={clock!r} with replacement of lost instances is invalid; "
+                          "allowed: 'concurrent'")
     else:
         driver = make_driver(clock, ctl, wall_clock=wall_clock)
     driver.run()

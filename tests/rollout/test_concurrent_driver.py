@@ -25,13 +25,13 @@ def reference():
     return generate(PARAMS, CFG, GROUPS, 30)
 
 
-def _run(policy, fault=None, clock="concurrent"):
+def _run(policy, fault=None, clock="concurrent", replacer=None):
     pool = HostKVPool()
     insts = make_engine_instances(CFG, PARAMS, num_instances=2, tp=1, engine_config=ENGINE,
                                   pool=pool, devices=jax.devices()[:2])
     return rollout(GROUPS, group_size=3, max_tokens=30, instances=insts,
                    sampling=SamplingParams(temperature=0.0), policy=policy, pool=pool,
-                   config={"chunk_size": 8}, clock=clock, fault=fault)
+                   config={"chunk_size": 8}, clock=clock, fault=fault, replacer=replacer)
 
 
 @pytest.mark.parametrize("policy", ["seer", "request_fcfs", "group_round_robin"])
@@ -65,6 +65,13 @@ def test_fault_plan_needs_the_concurrent_clock_and_a_real_instance():
         _run("seer", fault=FaultPlan(1, 2), clock="wall")
     with pytest.raises(ConfigError, match=r"fault_kill_instance=5 is invalid; allowed: -1 \(off\) or 0..1"):
         _run("seer", fault=FaultPlan(5, 2))
+    with pytest.raises(ConfigError, match=r"fault_when='soon' is invalid; allowed: \['chunks', 'kv_put'"):
+        _run("seer", fault=FaultPlan(1, 2, when="soon"))
+    # an in-process instance has no process to exit mid-load
+    with pytest.raises(ConfigError, match=r"fault_when='kv_load' is invalid for in-process"):
+        _run("seer", fault=FaultPlan(1, 2, when="kv_load"))
+    with pytest.raises(ConfigError, match=r"clock='wall' with replacement of lost instances"):
+        _run("seer", clock="wall", replacer=object())
 
 
 @pytest.mark.parametrize("key, value, msg", [
@@ -75,11 +82,16 @@ def test_fault_plan_needs_the_concurrent_clock_and_a_real_instance():
     ("ray_resource", "NPU", r"config.ray_resource='NPU' is invalid; allowed: \['CPU', 'GPU', 'TPU'\]"),
     ("ray_hosts_per_slice", 0, r"config.ray_hosts_per_slice=0 is invalid; allowed: an integer >= 1"),
     ("ray_hosts_per_slice", 2, r"config.ray_hosts_per_slice=2 is invalid for tp=1; allowed: a divisor of tp"),
+    ("fault_when", "later", r"config.fault_when='later' is invalid: allowed: chunks, kv_put, kv_load"),
+    ("kv_pool", "ray", r"config.kv_pool='ray' is invalid: allowed with backend='inprocess': "
+                       r"host, mooncake \(or '' for host\)"),
+    ("ray_kv_pool", "host", r"config.kv_pool='host' is invalid: allowed with backend='ray': ray, "
+                            r"mooncake"),
 ])
 def test_backend_config_errors_name_key_value_allowed(key, value, msg):
     c = default_config()
     c.backend = "ray" if key.startswith("ray_") else c.backend
-    c[key] = value
+    c[key.replace("ray_kv_pool", "kv_pool")] = value
     with pytest.raises(ConfigError, match=msg):
         validate_config(c)
 
@@ -91,3 +103,68 @@ def test_fault_injection_config_needs_concurrent_clock():
         validate_config(c)
     c.clock = "concurrent"
     assert validate_config(c) == ["seer"]
+
+
+def test_replacing_lost_actors_needs_ray_and_the_concurrent_clock():
+    c = default_config()
+    c.ray_replace_lost = True
+    with pytest.raises(ConfigError, match=r"config.ray_replace_lost=True is invalid: allowed: False "
+                                          r"unless backend='ray'"):
+        validate_config(c)
+    c.backend = "ray"
+    with pytest.raises(ConfigError, match=r"config.clock='emulated' is invalid: allowed: concurrent "
+                                          r"when ray_replace_lost is set"):
+        validate_config(c)
+    c.clock = "concurrent"
+    assert validate_config(c) == ["seer"]
+    # a lost slice spanning several hosts is not replaced
+    c.tp, c.ray_hosts_per_slice = 2, 2
+    with pytest.raises(ConfigError, match=r"config.ray_replace_lost=True is invalid: allowed: False "
+                                          r"with ray_hosts_per_slice=2 .*or set ray_hosts_per_slice=1"):
+        validate_config(c)
+    c.tp, c.ray_hosts_per_slice = 1, 1
+    c.backend, c.ray_replace_lost = "inprocess", False
+    c.fault_kill_instance, c.fault_when = 1, "kv_load"
+    with pytest.raises(ConfigError, match=r"config.fault_when='kv_load' is invalid: allowed: "
+                                          r"chunks, kv_put unless backend='ray'"):
+        validate_config(c)
+
+
+class _SpareReplacer:
+    """Replaces a lost instance with a spare in-process engine, which comes up (answers a
+    non-blocking poll) only on the third poll, so the rollout goes on without it meanwhile."""
+
+    def __init__(self, spare):
+        self.spare, self.polls, self.started = spare, 0, []
+
+    def replace(self, lost_id):
+        self.started.append(lost_id)
+
+    def pending_replacements(self):
+        return len(self.started)
+
+    def joined(self, next_id, wait):
+        self.polls += 1
+        if not self.started or (self.polls < 3 and not wait):
+            return []
+        self.spare.instance_id = next_id
+        return [(self.started.pop(), self.spare)]
+
+
+def test_a_replacement_joins_while_the_rollout_goes_on(reference):
+    pool = HostKVPool()
+    insts = make_engine_instances(CFG, PARAMS, num_instances=3, tp=1, engine_config=ENGINE,
+                                  pool=pool, devices=jax.devices()[:3])
+    replacer = _SpareReplacer(insts[2])
+    out = rollout(GROUPS, group_size=3, max_tokens=30, instances=insts[:2],
+                  sampling=SamplingParams(temperature=0.0), policy="seer", pool=pool,
+                  config={"chunk_size": 8}, clock="concurrent",
+                  fault=FaultPlan(instance=1, after_chunks=4), replacer=replacer)
+    assert sorted(r.request_id for r in out.results) == sorted(
+        f"g{g}/{j}" for g in range(4) for j in range(3))
+    for r in out.results:
+        assert r.token_ids == reference[r.group_index].token_ids, r.request_id
+    rep = out.report
+    assert rep.lost_instances == [1] and rep.replacement_instances == [2]
+    assert replacer.polls >= 3 and rep.instances[2].chunks > 0
+    assert rep.num_instances == 3 and rep.chunks == sum(i.chunks for i in rep.instances)

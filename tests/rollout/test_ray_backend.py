@@ -205,7 +205,8 @@ def test_raising_and_hung_actors_are_lost_and_their_chunks_rerun(ray_cluster, ba
 def test_two_host_slice_matches_inprocess_tp2(ray_cluster, backend, reference):
     """One slice over two host actors (one CPU device each, tp=2 under jax.distributed): the
     same greedy tokens as tp=2 in this process after a weight sync; chunks continue through the
-    KV pool; a follower that dies loses the whole slice."""
+    KV pool; reset reaches both hosts; a follower that dies loses the whole slice and the KV its
+    leader wrote."""
     from seer_jax.rollout.ray_instance import make_ray_instances
 
     group = make_ray_instances(CFG, PARAMS, num_instances=1, tp=2, engine_config=ENGINE,
@@ -229,9 +230,162 @@ def test_two_host_slice_matches_inprocess_tp2(ray_cluster, backend, reference):
         # chunks ended and continued from the KV the leader wrote, imported by both hosts
         assert out.report.kv_bytes_imported > 0 and out.report.reprefill_tokens == 0
         assert group.pool.stats().puts == out.report.chunks - len(out.results)
+        # reset reaches both hosts: fresh engines, clock 0
+        assert min(ray_cluster.get(a.snapshot.remote()).now for a in inst.actors) > 0
+        group.reset()
+        assert [ray_cluster.get(a.snapshot.remote()).now for a in inst.actors] == [0.0, 0.0]
+        # a lost slice drops the KV blobs of its leader, their only writer
+        told = []
+        pool = inst.pool
+        inst.pool = type("Pool", (), {"writer_lost": lambda self, w: told.append(w)})()
         ray_cluster.kill(inst.actors[1], no_restart=True)
         with pytest.raises(InstanceLostError, match="instance 0 lost"):
             inst.check_alive(timeout_s=10.0)
-        assert group.lost == [0]
+        inst.pool = pool
+        assert group.lost == [0] and told == [inst.actors[0]._actor_id.hex()]
     finally:
         group.shutdown()
+
+
+def test_writer_killed_after_its_kv_put_the_blob_is_lost_and_reprefilled(ray_cluster, backend,
+                                                                          reference):
+    from seer_jax.rollout.ray_instance import make_ray_instances
+
+    group = make_ray_instances(CFG, PARAMS, num_instances=2, tp=1, engine_config=ENGINE,
+                               backend=backend)
+    try:
+        out = _ray_rollout(group, "seer", fault=FaultPlan(instance=1, after_chunks=2, when="kv_put"))
+        _assert_complete_and_greedy(out, reference)
+        assert out.report.lost_instances == [1] and out.report.redispatched_chunks >= 1
+        st = group.pool.stats()
+        # the blobs instance 1 put were owned by its process: dropped as lost when it was found
+        # dead, before anything read them; the requests that read one then re-prefilled
+        assert st.lost >= 1 and out.report.kv_pool_lost_blobs == st.lost
+        assert 0 < out.report.reprefill_chunks == st.misses <= st.lost
+        assert out.report.reprefill_tokens > 0
+        assert st.bytes_got == out.report.kv_bytes_imported
+        assert out.report.summary()["reprefill_chunks"] == out.report.reprefill_chunks
+    finally:
+        group.shutdown()
+
+
+class _JoinBeforeDispatch:
+    """The group as replacer, but the driver waits for each replacement before it dispatches
+    again, so the replacement still has chunks to serve in this short rollout."""
+
+    def __init__(self, group):
+        self.group = group
+
+    def replace(self, lost_id):
+        self.group.replace(lost_id)
+
+    def pending_replacements(self):
+        return self.group.pending_replacements()
+
+    def joined(self, next_id, wait):
+        return self.group.joined(next_id, wait=True)
+
+
+def test_reader_killed_while_importing_kv_is_replaced_with_the_current_weights(ray_cluster,
+                                                                               backend):
+    from seer_jax.rollout.ray_instance import make_ray_instances
+
+    new = init_params(CFG, seed=12)
+    expect = generate(new, CFG, GROUPS, 30)
+    group = make_ray_instances(CFG, PARAMS, num_instances=2, tp=1, engine_config=ENGINE,
+                               backend=backend, replace_lost=True)
+    try:
+        group.update_params(new, version=5)
+        # instance 1 dies while importing a request's KV that instance 0 wrote
+        out = rollout(GROUPS, group_size=3, max_tokens=30, instances=group.instances,
+                      sampling=GREEDY, policy="seer", pool=group.pool, config={"chunk_size": 8},
+                      clock="concurrent", replacer=_JoinBeforeDispatch(group),
+                      fault=FaultPlan(instance=1, after_chunks=2, when="kv_load"))
+        assert sorted(r.request_id for r in out.results) == REQUEST_IDS
+        for r in out.results:  # the replacement generates with the synced weights
+            assert r.token_ids == expect[r.group_index].token_ids, r.request_id
+        rep = out.report
+        assert rep.lost_instances == [1] and rep.redispatched_chunks >= 1
+        st = group.pool.stats()
+        # the dying reader fetched a blob that never reached an engine ...
+        assert st.bytes_got > rep.kv_bytes_imported
+        # ... and it stayed in the pool: the re-dispatched chunk read it (its writer, instance
+        # 0, is alive); the only re-prefills are of blobs instance 1 wrote itself
+        assert rep.reprefill_chunks == st.misses <= st.lost
+        # a replacement joined in the lost actor's bundle and served chunks
+        assert rep.replacement_instances == [2] and rep.summary()["replacement_instances"] == 1
+        assert rep.instances[2].chunks > 0 and any(2 in r.instances for r in out.results)
+        new_inst = group.instances[2]
+        assert new_inst.bundle_index == 1 and new_inst.snap.params_version == 5
+        assert new_inst.snap.pid != group.instances[1].snap.pid
+        # the next rollout runs on the live actors, numbered 0..1 again
+        out2 = _ray_rollout(group, "request_fcfs")
+        assert [i.instance_id for i in group.instances] == [0, 1] and group.lost == []
+        assert [r.token_ids for r in out2.results] == [r.token_ids for r in out.results]
+        assert all(i.chunks > 0 for i in out2.report.instances)
+    finally:
+        group.shutdown()
+
+
+def test_actors_share_a_mooncake_store_pool(ray_cluster, backend, reference):
+    from seer_jax.rollout.mooncake_pool import MooncakeKVPool
+    from seer_jax.rollout.ray_instance import make_ray_instances
+    from tests.rollout.mooncake_util import loopback_master_or_skip
+
+    with loopback_master_or_skip() as master:
+        group = make_ray_instances(
+            CFG, PARAMS, num_instances=2, tp=1, engine_config=ENGINE, backend=backend,
+            pool_factory=lambda cap: MooncakeKVPool.create(master.config, cap, shared=True))
+        try:
+            out = _ray_rollout(group, "seer")
+            _assert_complete_and_greedy(out, reference)
+            st = group.pool.stats()
+            assert isinstance(group.pool, MooncakeKVPool) and out.report.migrations > 0
+            # KV moved between the actors' processes through the store, not by re-prefill
+            assert out.report.reprefill_tokens == 0
+            assert st.bytes_got == out.report.kv_bytes_imported > 0
+            assert out.report.kv_pool_transfer_gbps > 0 and st.entries == 0
+        finally:
+            group.shutdown()
+
+
+def test_replacing_lost_multi_host_slices_is_refused():
+    from seer_jax.rollout.ray_instance import make_ray_instances
+
+    with pytest.raises(ConfigError, match=r"replace_lost=True is invalid with hosts_per_slice=2; "
+                                          r"allowed: replace_lost=False .* or hosts_per_slice=1"):
+        make_ray_instances(CFG, PARAMS, num_instances=1, tp=2, engine_config=ENGINE,
+                           backend=RayBackendConfig(hosts_per_slice=2), replace_lost=True)
+
+
+class _RecordingPool:
+    """A KV pool backend recording what one host's `_HostPool` asks of it."""
+
+    def __init__(self):
+        self.fetched, self.put_ids = [], []
+
+    def fetch(self, handle, refs, report=True):
+        self.fetched.append((handle, refs, report))
+        return f"blob of {handle}"
+
+    def put(self, request_id, blob, nbytes):
+        self.put_ids.append(request_id)
+        return f"{request_id}@1"
+
+
+def test_host_pool_imports_what_the_proxy_resolved_and_only_the_leader_writes():
+    """Each host of a multi-host slice reads the blob the proxy resolved (any backend's
+    `fetch`), once; the leader alone reports reads and writes (the kv_load fault hook reads
+    through the same `get`)."""
+    from seer_jax.rollout.ray_instance import _HostPool
+
+    for leader in (True, False):
+        base = _RecordingPool()
+        pool = _HostPool(base, leader=leader)
+        pool.resolve("r@1", ["ref"])
+        pool.resolve("gone@1", [])
+        assert pool.get("r@1") == "blob of r@1" and pool.get("r@1") is None  # consumed
+        assert pool.get("gone@1") is None and pool.get("never@1") is None
+        assert base.fetched == [("r@1", ["ref"], leader)]
+        assert pool.put("r", object(), 8) == ("r@1" if leader else "")
+        assert base.put_ids == (["r"] if leader else [])
