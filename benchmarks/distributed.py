@@ -46,8 +46,14 @@ from seer_jax.rollout.ray_cluster import RayBackendConfig, ensure_ray  # noqa: E
 from seer_jax.rollout.run import rollout  # noqa: E402
 from seer_jax.rollout.types import SamplingParams  # noqa: E402
 
-CFG = tiny_config(hidden_size=256, intermediate_size=512, num_layers=4, num_heads=8,
-                  num_kv_heads=4, head_dim=32, eos_token_ids=(7,))
+def model_config(hidden: int, layers: int):
+    """A random Llama-shaped model: `hidden` wide (heads of 32), `layers` deep, 2x MLP."""
+    return tiny_config(hidden_size=hidden, intermediate_size=2 * hidden, num_layers=layers,
+                       num_heads=hidden // 32, num_kv_heads=hidden // 64, head_dim=32,
+                       eos_token_ids=(7,))
+
+
+CFG = model_config(256, 4)
 ENGINE = EngineConfig(num_pages=256, page_size=16, max_num_seqs=16, max_num_batched_tokens=64,
                       max_prefill_seqs=4)
 GREEDY = SamplingParams(temperature=0.0)
@@ -144,8 +150,12 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--groups", type=int, default=16)
     ap.add_argument("--max-tokens", type=int, default=96)
+    ap.add_argument("--hidden", type=int, default=256, help="model width (heads of 32)")
+    ap.add_argument("--layers", type=int, default=4, help="model depth")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
+    global CFG
+    CFG = model_config(args.hidden, args.layers)
     params = init_params(CFG, seed=3)
     prompts = workload(args.groups)
 
