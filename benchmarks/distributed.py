@@ -25,9 +25,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
 import sys
 import time
 
+if "--baseline-core" in sys.argv:  # the pinned baseline's process: one core, before XLA starts
+    os.sched_setaffinity(0, {int(sys.argv[sys.argv.index("--baseline-core") + 1])})
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
                            + " --xla_force_host_platform_device_count=2").strip()
@@ -45,6 +48,7 @@ from seer_jax.rollout.kv_pool import HostKVPool  # noqa: E402
 from seer_jax.rollout.ray_cluster import RayBackendConfig, ensure_ray  # noqa: E402
 from seer_jax.rollout.run import rollout  # noqa: E402
 from seer_jax.rollout.types import SamplingParams  # noqa: E402
+
 
 def model_config(hidden: int, layers: int):
     """A random Llama-shaped model: `hidden` wide (heads of 32), `layers` deep, 2x MLP."""
@@ -152,23 +156,44 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-tokens", type=int, default=96)
     ap.add_argument("--hidden", type=int, default=256, help="model width (heads of 32)")
     ap.add_argument("--layers", type=int, default=4, help="model depth")
+    ap.add_argument("--shared-cores", action="store_true",
+                    help="do not pin: every process's XLA spreads over all cores")
+    ap.add_argument("--baseline-core", type=int, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     global CFG
     CFG = model_config(args.hidden, args.layers)
     params = init_params(CFG, seed=3)
     prompts = workload(args.groups)
+    if args.baseline_core is not None:  # child: the in-turn baseline on one core
+        out, in_turn = inprocess(params, prompts, args.max_tokens, "wall")
+        in_turn["token_ids"] = [list(r.token_ids) for r in out.results]
+        with open(args.json, "w") as f:
+            json.dump(in_turn, f)
+        return 0
 
-    in_turn_out, in_turn = inprocess(params, prompts, args.max_tokens, "wall")
+    in_turn_out, in_turn_shared = inprocess(params, prompts, args.max_tokens, "wall")
     _, threads = inprocess(params, prompts, args.max_tokens, "concurrent")
-    print(f"in-process in turn: {in_turn['tokens_per_s']:.0f} tok/s; "
+    print(f"in-process in turn (XLA on all cores): {in_turn_shared['tokens_per_s']:.0f} tok/s; "
           f"threads: {threads['tokens_per_s']:.0f} tok/s", flush=True)
+    in_turn = in_turn_shared
+    if not args.shared_cores:
+        # each slice owns one core, as a slice owns its chips: the in-turn baseline runs in a
+        # process pinned to one core (one slice computes at a time, on its core), each Ray actor
+        # is pinned to its own core (RayBackendConfig.pin_cpus)
+        path = f"{args.json or 'distributed'}.baseline.json"
+        subprocess.run([sys.executable, __file__, "--baseline-core", "0", "--json", path,
+                        "--groups", str(args.groups), "--max-tokens", str(args.max_tokens),
+                        "--hidden", str(args.hidden), "--layers", str(args.layers)], check=True)
+        with open(path) as f:
+            in_turn = json.load(f)
+        os.remove(path)
+        if in_turn.pop("token_ids") != [list(r.token_ids) for r in in_turn_out.results]:
+            raise SystemExit("the pinned baseline's tokens differ from the in-process run's")
+        print(f"in-process in turn (one core): {in_turn['tokens_per_s']:.0f} tok/s", flush=True)
 
-    # one core per actor: XLA's CPU thread pool of each actor kept to one thread, so two actors
-    # on two cores do not contend
-    backend = RayBackendConfig(object_store_mb=400, env={"XLA_FLAGS": (
-        "--xla_force_host_platform_device_count=1 --xla_cpu_multi_thread_eigen=false "
-        "intra_op_parallelism_threads=1")})
+    backend = RayBackendConfig(object_store_mb=400, pin_cpus=not args.shared_cores,
+                               env={"XLA_FLAGS": "--xla_force_host_platform_device_count=1"})
     ray = ensure_ray(backend, min_cpus=4)
     from seer_jax.rollout.ray_instance import make_ray_instances
 
@@ -208,6 +233,10 @@ def main(argv: list[str] | None = None) -> int:
     summary = {
         "ray_tokens_per_s": on_ray["tokens_per_s"],
         "inprocess_in_turn_tokens_per_s": in_turn["tokens_per_s"],
+        "slices_own_cores": not args.shared_cores,
+        "inprocess_in_turn_shared_cores_tokens_per_s": in_turn_shared["tokens_per_s"],
+        "ray_speedup_vs_in_turn_shared_cores": (on_ray["tokens_per_s"]
+                                                / in_turn_shared["tokens_per_s"]),
         "inprocess_threads_tokens_per_s": threads["tokens_per_s"],
         "ray_speedup_vs_in_turn": on_ray["tokens_per_s"] / in_turn["tokens_per_s"],
         "threads_speedup_vs_in_turn": threads["tokens_per_s"] / in_turn["tokens_per_s"],
@@ -224,8 +253,9 @@ def main(argv: list[str] | None = None) -> int:
         "summary": summary,
         "run": run_info(),
         "workload": {"groups": args.groups, "group_size": 4, "max_tokens": args.max_tokens,
-                     "chunk_size": 16, "policy": "seer", "model": "random hidden 256 x 4 layers"},
-        "runs": {"inprocess_in_turn": in_turn, "inprocess_threads": threads, "ray": on_ray,
+                     "chunk_size": 16, "policy": "seer",
+                     "model": f"random hidden {args.hidden} x {args.layers} layers"},
+        "runs": {"inprocess_in_turn": in_turn, "inprocess_in_turn_shared_cores": in_turn_shared, "inprocess_threads": threads, "ray": on_ray,
                  "ray_with_fault": faulted},
         "pool_transfer": transfer,
         "mooncake_pool_transfer": mooncake,

@@ -31,6 +31,19 @@ LOOPBACK_ENV = {
 }
 
 
+CPU_CORE_ENV = "SEER_JAX_ACTOR_CPU_CORE"  # pin_cpus: the core an engine actor runs on
+
+
+def pin_to_cpu_core() -> int | None:
+    """In an engine actor: pin this process to the core `CPU_CORE_ENV` names (before XLA starts
+    its thread pool, which then has one thread); the core, or None when not asked to."""
+    core = os.environ.get(CPU_CORE_ENV)
+    if core is None:
+        return None
+    os.sched_setaffinity(0, {int(core)})
+    return int(core)
+
+
 @dataclasses.dataclass
 class RayBackendConfig:
     """address: "" = start a local cluster on 127.0.0.1; otherwise a cluster address
@@ -44,6 +57,10 @@ class RayBackendConfig:
     env: extra environment variables of every engine actor (e.g. a JAX compilation cache dir).
     hosts_per_slice: hosts one slice spans (one actor and one bundle per host, the slice's tp
     devices split evenly over them, joined under `jax.distributed`).
+    pin_cpus: with resource "CPU" on one machine, pin the actor of bundle k to core
+    k mod os.cpu_count() (before its XLA runtime starts, so XLA runs its computations on that
+    one core): a dev box then emulates slices that own their devices, instead of every actor's
+    XLA thread pool spreading over all cores and contending with the others.
     """
 
     address: str = ""
@@ -54,6 +71,7 @@ class RayBackendConfig:
     num_cpus: int = 0
     env: dict[str, str] = dataclasses.field(default_factory=dict)  # extra actor env vars
     hosts_per_slice: int = 1
+    pin_cpus: bool = False
 
     def validate(self) -> RayBackendConfig:
         if self.resource not in RESOURCES:
@@ -71,6 +89,11 @@ class RayBackendConfig:
         if not isinstance(hosts, int) or isinstance(hosts, bool) or hosts < 1:
             raise ConfigError(
                 f"ray hosts_per_slice={hosts!r} is invalid; allowed: an integer >= 1")
+        if not isinstance(self.pin_cpus, bool):
+            raise ConfigError(f"ray pin_cpus={self.pin_cpus!r} is invalid; allowed: True or False")
+        if self.pin_cpus and self.resource != "CPU":
+            raise ConfigError(f"ray pin_cpus=True is invalid with resource={self.resource!r}; "
+                              "allowed: resource='CPU'")
         return self
 
     def check_tp(self, tp: int) -> None:
@@ -85,10 +108,12 @@ class RayBackendConfig:
         per_host = tp // self.hosts_per_slice
         return {"CPU": 1.0} if self.resource == "CPU" else {self.resource: float(per_host)}
 
-    def actor_env(self, tp: int) -> dict[str, str]:
-        """Environment of an engine actor (one host of a slice of tp devices), set before it
-        imports jax."""
+    def actor_env(self, tp: int, bundle_index: int = 0) -> dict[str, str]:
+        """Environment of an engine actor (one host of a slice of tp devices, in placement-group
+        bundle `bundle_index`), set before it imports jax."""
         env = {}
+        if self.pin_cpus:
+            env[CPU_CORE_ENV] = str(bundle_index % (os.cpu_count() or 1))
         jax = sys.modules.get("jax")
         precision = jax.config.jax_default_matmul_precision if jax is not None else None
         if precision:  # actors compute at the driver's matmul precision

@@ -57,7 +57,7 @@ from seer_jax.engine.engine import EngineConfig
 from seer_jax.errors import ConfigError, SeerError
 from seer_jax.model.config import ModelConfig
 from seer_jax.rollout.instance import InstanceLostError, KVPool
-from seer_jax.rollout.ray_cluster import RayBackendConfig, ensure_ray
+from seer_jax.rollout.ray_cluster import RayBackendConfig, ensure_ray, pin_to_cpu_core
 from seer_jax.rollout.types import ChunkRequest, InstanceLoad, StepReport
 
 PLACEMENT_TIMEOUT_S = 60.0  # how long to wait for the cluster to fit the placement group
@@ -94,6 +94,7 @@ class EngineActor:
         host, hosts: this actor's place in a slice of `hosts` actors; with hosts > 1 nothing
         touches jax here (`jax.distributed` must start first): `join` builds the engine once
         every host of the slice has started."""
+        pin_to_cpu_core()  # RayBackendConfig.pin_cpus, before XLA starts its thread pool
         self.instance_id = instance_id
         self.host, self.hosts, self.tp = host, hosts, tp
         self.engine_config = engine_config
@@ -581,7 +582,7 @@ def _start_actor(spec: ActorSpec, pg: Any, bundle_index: int, instance_id: int, 
         num_cpus=backend.bundle(spec.tp).get("CPU", 0),
         scheduling_strategy=PlacementGroupSchedulingStrategy(
             placement_group=pg, placement_group_bundle_index=bundle_index),
-        runtime_env={"env_vars": backend.actor_env(spec.tp)},
+        runtime_env={"env_vars": backend.actor_env(spec.tp, bundle_index)},
         max_restarts=0)
     if backend.resource == "GPU":
         opts["num_gpus"] = per_host

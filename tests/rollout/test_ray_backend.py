@@ -51,8 +51,9 @@ def backend(tmp_path_factory):
 def actors(ray_cluster, backend):
     from seer_jax.rollout.ray_instance import make_ray_instances
 
+    # each actor pinned to its own core (bundle k -> core k mod cpus)
     group = make_ray_instances(CFG, PARAMS, num_instances=2, tp=1, engine_config=ENGINE,
-                               backend=backend)
+                               backend=dataclasses.replace(backend, pin_cpus=True))
     yield group
     group.shutdown()
 
@@ -87,6 +88,19 @@ def test_missing_ray_is_a_config_error_saying_how_to_install(monkeypatch):
     monkeypatch.setitem(sys.modules, "ray", None)
     with pytest.raises(ConfigError, match=r"pip install 'seer-jax\[ray\]'"):
         require_ray()
+
+
+def test_pinned_actors_run_on_their_own_core(actors):
+    import os
+
+    cpus = os.cpu_count()
+    for k, inst in enumerate(actors.instances):
+        assert os.sched_getaffinity(inst.snap.pid) == {k % cpus}
+    with pytest.raises(ConfigError, match="pin_cpus=True is invalid with resource='GPU'"):
+        RayBackendConfig(resource="GPU", pin_cpus=True).validate()
+    env = RayBackendConfig(pin_cpus=True).actor_env(1, bundle_index=cpus + 1)
+    assert env["SEER_JAX_ACTOR_CPU_CORE"] == str(1 % cpus)
+    assert "SEER_JAX_ACTOR_CPU_CORE" not in RayBackendConfig().actor_env(1, bundle_index=1)
 
 
 @pytest.mark.parametrize("policy", ["seer", "request_fcfs", "group_round_robin"])
