@@ -1,17 +1,21 @@
 """Distributed rollout on a local Ray cluster: 2 engine actors stepping at once vs 2 in-process
 slices stepped in turn, object-store KV pool transfer rate, and recovery from a killed actor.
 
-Usage (a 2-core box takes about 2-3 minutes):
-  python benchmarks/distributed.py --json benchmarks/results/distributed.json
+Usage (a 2-core box takes about 2 minutes at the default size, 3 at 768 x 6, 6.5 at 1024 x 8):
+  python benchmarks/distributed.py [--hidden 768 --layers 6] [--shared-cores] --json PATH
 
-Workload: a random model (hidden 256, 4 layers), `--groups` prompts x G=4 responses of up to
+Workload: a random model (`--hidden` 256, `--layers` 4 by default), `--groups` prompts x G=4
+responses of up to
 `--max-tokens` greedy tokens, chunks of 16 tokens (seer policy), the same for every run. Every run
 is timed after a warm-up run of the same workload (compilation left out).
 
 What is measured:
 - tokens/s: inprocess_in_turn (one process, 2 mesh slices, `clock="wall"`: one step after the
   other), inprocess_threads (`clock="concurrent"`: one thread per slice), ray (2 actors,
-  `clock="concurrent"`). The summary's speedup is ray / inprocess_in_turn.
+  `clock="concurrent"`). The summary's speedup is ray / inprocess_in_turn. Each slice owns one
+  core unless `--shared-cores`: the in-turn baseline runs in a child process pinned to one core,
+  each Ray actor is pinned to its own (`RayBackendConfig.pin_cpus`); the in-turn run with XLA
+  spread over every core (and the threads run) are measured as well.
 - pool GB/s: KV blobs of several sizes put by one actor and fetched by another through
   `RayKVPool` (directory lookup + object-store get), and the rate the rollout's pool reported;
   the same through `MooncakeKVPool` on a loopback `mooncake_master` (directory lookup + store get
