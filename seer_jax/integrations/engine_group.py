@@ -59,6 +59,14 @@ def detect_groups(prompts: Sequence[Sequence[int]]) -> list[tuple[int, int]]:
     return runs
 
 
+def check_group_sizes(prompts: Sequence[Sequence[int]], group_sizes: Sequence[int]) -> None:
+    """InputError unless there is one group size >= 1 per prompt."""
+    if len(prompts) != len(group_sizes):
+        raise InputError(f"{len(prompts)} prompts but {len(group_sizes)} group sizes")
+    if any(g < 1 for g in group_sizes):
+        raise InputError(f"group sizes must be >= 1, got {list(group_sizes)}")
+
+
 def slice_meshes(devices: Sequence, num_instances: int, tp: int = 0) -> list[Mesh]:
     """num_instances 1-D `tp` meshes over consecutive devices (tp 0: all devices split evenly)."""
     devices = list(devices)
@@ -125,10 +133,7 @@ class EngineGroup:
 
         The seed of sample s of group g is `request_seed(seed, g, s)` (sampling.seed is ignored).
         """
-        if len(prompts) != len(group_sizes):
-            raise InputError(f"{len(prompts)} prompts but {len(group_sizes)} group sizes")
-        if any(g < 1 for g in group_sizes):
-            raise InputError(f"group sizes must be >= 1, got {list(group_sizes)}")
+        check_group_sizes(prompts, group_sizes)
         if not prompts:
             return []
         version = self.policy_version

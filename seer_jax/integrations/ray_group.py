@@ -22,8 +22,7 @@ from typing import Any
 import jax
 
 from seer_jax.engine.engine import EngineConfig
-from seer_jax.errors import InputError
-from seer_jax.integrations.engine_group import GroupResponse
+from seer_jax.integrations.engine_group import GroupResponse, check_group_sizes
 from seer_jax.model.config import ModelConfig
 from seer_jax.model.llama import Params
 from seer_jax.rollout.ray_cluster import RayBackendConfig
@@ -70,10 +69,7 @@ class RayEngineGroup:
         """Sample prompt g group_sizes[g] times; responses in (group, sample) order."""
         from seer_jax.rollout.run import rollout
 
-        if len(prompts) != len(group_sizes):
-            raise InputError(f"{len(prompts)} prompts but {len(group_sizes)} group sizes")
-        if any(g < 1 for g in group_sizes):
-            raise InputError(f"group sizes must be >= 1, got {list(group_sizes)}")
+        check_group_sizes(prompts, group_sizes)
         if not prompts:
             return []
         version = self.policy_version

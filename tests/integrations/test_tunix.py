@@ -1,7 +1,6 @@
 """Tunix adapter: SeerRollout inside a Tunix RLCluster / GRPOLearner on fake CPU devices."""
 
 import dataclasses
-import functools
 
 import jax
 import jax.numpy as jnp
@@ -16,6 +15,7 @@ from seer_jax.integrations.weight_sync import params_on, reshard_array, state_to
 from seer_jax.model.config import tiny_config
 from seer_jax.model.generate import full_forward, generate
 from seer_jax.rollout.types import SamplingParams
+from tests.integrations.tunix_tiny import grpo_cluster
 
 pytestmark = pytest.mark.slow  # engines or a cluster: make test runs these, test-fast does not
 
@@ -162,29 +162,11 @@ def test_rollout_takes_parallelism_and_dtype_from_rollout_config():
 
 @pytest.fixture(scope="module")
 def cluster():
-    import optax
     from flax import nnx
-    from tunix.rl import rl_cluster as rl
-    from tunix.rl.rollout.base_rollout import RolloutConfig
-
-    from seer_jax.integrations.tunix import CharTokenizer, SeerRollout
 
     actor = TunixLlama(CFG, rngs=nnx.Rngs(params=0))
-    mesh = jax.sharding.Mesh(np.array(jax.devices()).reshape(2, 4), ("fsdp", "tp"))
-    rollout_config = RolloutConfig(max_tokens_to_generate=8, temperature=1.0, top_p=1.0,
-                                   top_k=None, max_prompt_length=16, return_logprobs=True, seed=7)
-    engine = functools.partial(
-        SeerRollout, num_instances=2, tp=2, controller_config={"chunk_size": 4},
-        engine_config=EngineConfig(num_pages=96, page_size=8, max_num_seqs=16,
-                                   max_num_batched_tokens=64, max_model_len=64))
-    config = rl.ClusterConfig(
-        role_to_mesh={rl.Role.ACTOR: mesh, rl.Role.REFERENCE: mesh, rl.Role.ROLLOUT: mesh},
-        rollout_engine=engine,
-        training_config=rl.RLTrainingConfig(actor_optimizer=optax.sgd(0.5), eval_every_n_steps=100,
-                                            max_steps=1),
-        rollout_config=rollout_config,
-    )
-    return rl.RLCluster(actor=actor, tokenizer=CharTokenizer(), cluster_config=config)
+    return grpo_cluster(actor, (2, 4), EngineConfig(num_pages=96, page_size=8, max_num_seqs=16,
+                                                    max_num_batched_tokens=64, max_model_len=64))
 
 
 def _actor_logps(cluster, out, temperature=1.0):

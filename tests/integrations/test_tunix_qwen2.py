@@ -2,7 +2,6 @@
 param_mapping=): a GRPO step and weight sync, and a qwix LoRA actor whose adapters are merged on
 sync."""
 
-import functools
 
 import jax
 import jax.numpy as jnp
@@ -12,7 +11,7 @@ import pytest
 from seer_jax.engine.engine import EngineConfig
 from seer_jax.model.generate import full_forward, generate
 from seer_jax.rollout.types import SamplingParams
-from tests.integrations.tunix_tiny import randomize, tunix_logits, tunix_model
+from tests.integrations.tunix_tiny import grpo_cluster, randomize, tunix_logits, tunix_model
 
 pytest.importorskip("tunix")
 pytestmark = pytest.mark.slow  # engines and a Tunix cluster: make test runs these
@@ -38,26 +37,7 @@ def _expected_tokens(host_params, cfg, max_tokens=8):
 
 @pytest.fixture(scope="module")
 def cluster():
-    import optax
-    from tunix.rl import rl_cluster as rl
-    from tunix.rl.rollout.base_rollout import RolloutConfig
-
-    from seer_jax.integrations.tunix import CharTokenizer, SeerRollout
-
-    actor = tunix_model("qwen2")
-    mesh = jax.sharding.Mesh(np.array(jax.devices()).reshape(4, 2), ("fsdp", "tp"))
-    rollout_config = RolloutConfig(max_tokens_to_generate=8, temperature=1.0, top_p=1.0,
-                                   top_k=None, max_prompt_length=16, return_logprobs=True, seed=7)
-    engine = functools.partial(SeerRollout, num_instances=2, tp=2,
-                               controller_config={"chunk_size": 4}, engine_config=ENGINE)
-    config = rl.ClusterConfig(
-        role_to_mesh={rl.Role.ACTOR: mesh, rl.Role.REFERENCE: mesh, rl.Role.ROLLOUT: mesh},
-        rollout_engine=engine,
-        training_config=rl.RLTrainingConfig(actor_optimizer=optax.sgd(0.5), eval_every_n_steps=100,
-                                            max_steps=1),
-        rollout_config=rollout_config,
-    )
-    return rl.RLCluster(actor=actor, tokenizer=CharTokenizer(), cluster_config=config)
+    return grpo_cluster(tunix_model("qwen2"), (4, 2), ENGINE)
 
 
 def test_grpo_step_with_a_tunix_qwen2_actor(cluster):

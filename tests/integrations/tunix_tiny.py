@@ -60,3 +60,30 @@ def tunix_logits(model, tokens_bt) -> np.ndarray:
     mask = jnp.broadcast_to(jnp.tril(jnp.ones((T, T), bool)), (B, T, T))
     logits, _ = model(tokens, positions, None, mask)
     return np.asarray(logits, np.float32)
+
+
+def grpo_cluster(actor, mesh_shape: tuple[int, int], engine_config):
+    """A Tunix RLCluster for one GRPO step on 8 CPU devices: `actor`, a (fsdp, tp) mesh of
+    `mesh_shape` for every role, SeerRollout over 2 slices x tp2 (chunks of 4 tokens), sampling
+    8 tokens at temperature 1 with logprobs, SGD at 0.5, a character tokenizer."""
+    import functools
+
+    import optax
+    from tunix.rl import rl_cluster as rl
+    from tunix.rl.rollout.base_rollout import RolloutConfig
+
+    from seer_jax.integrations.tunix import CharTokenizer, SeerRollout
+
+    mesh = jax.sharding.Mesh(np.array(jax.devices()).reshape(mesh_shape), ("fsdp", "tp"))
+    rollout_config = RolloutConfig(max_tokens_to_generate=8, temperature=1.0, top_p=1.0,
+                                   top_k=None, max_prompt_length=16, return_logprobs=True, seed=7)
+    engine = functools.partial(SeerRollout, num_instances=2, tp=2,
+                               controller_config={"chunk_size": 4}, engine_config=engine_config)
+    config = rl.ClusterConfig(
+        role_to_mesh={rl.Role.ACTOR: mesh, rl.Role.REFERENCE: mesh, rl.Role.ROLLOUT: mesh},
+        rollout_engine=engine,
+        training_config=rl.RLTrainingConfig(actor_optimizer=optax.sgd(0.5), eval_every_n_steps=100,
+                                            max_steps=1),
+        rollout_config=rollout_config,
+    )
+    return rl.RLCluster(actor=actor, tokenizer=CharTokenizer(), cluster_config=config)

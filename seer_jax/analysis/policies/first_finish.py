@@ -29,28 +29,24 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from seer_jax.analysis.policies.oracle_group_lfs import group_longest
-from seer_jax.analysis.policies.oracle_lfs import true_lengths
-from seer_jax.rollout.policies.base import GroupState, LazyHeap, Policy, RequestState
+from seer_jax.analysis.policies.oracle_lfs import OracleLFSPolicy
+from seer_jax.rollout.policies.base import GroupState, RequestState
 
 CONDITIONAL_WIDTH = 1.3  # oracle_conditional_max: "similar shortest" = within this factor
 CONDITIONAL_MIN_GROUPS = 4  # ... and at least this many such groups, else max_tokens
 
 
-class OracleFirstFinishPolicy(Policy):
+class OracleFirstFinishPolicy(OracleLFSPolicy):
     name = "oracle_first_finish"
-    divided = True
-    kv_admission = True
 
     def __init__(self, lengths: Mapping[str, int] | None = None) -> None:
-        super().__init__()
-        self._heap = LazyHeap()
-        self._given = lengths
+        super().__init__(lengths)
         self._longest: dict[str, int] = {}  # group_id -> true longest length
         self._revealed: dict[str, int] = {}  # group_id -> M_g, once its first response finished
 
     def bind(self, groups: Sequence[GroupState], options: dict[str, Any]) -> None:
-        super().bind(groups, options)
-        self._longest = group_longest(groups, true_lengths(self.name, self.requests, self._given))
+        super().bind(groups, options)  # self._true: request_id -> true length
+        self._longest = group_longest(groups, self._true)
         self._revealed = {}
 
     def group_length(self, g: GroupState) -> int:
@@ -91,8 +87,7 @@ class OracleConditionalMaxPolicy(OracleFirstFinishPolicy):
 
     def bind(self, groups: Sequence[GroupState], options: dict[str, Any]) -> None:
         super().bind(groups, options)
-        true = true_lengths(self.name, self.requests, self._given)
-        pairs = sorted((min(true[r.request_id] for r in g.requests), self._longest[g.group_id])
+        pairs = sorted((min(self._true[r.request_id] for r in g.requests), self._longest[g.group_id])
                        for g in groups)
         self._shortest = [s for s, _ in pairs]
         self._longest_by_shortest = [m for _, m in pairs]

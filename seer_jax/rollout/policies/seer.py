@@ -56,11 +56,12 @@ DEFER = 0.375  # first_finisher: deferral, in rollouts' request counts
 SHORT_FRACTION = 0.1875  # first_finisher: "short" first finisher, as a share of max_tokens
 SPREAD_GATE = 0.5  # first_finisher: no deferral once the within-group log sd exceeds this
 SPREAD_MIN_DF = 20  # ... measured on at least this many degrees of freedom
-OUTLIVE = 2  # first_finisher: no deferral once a request has generated OUTLIVE x the shortest
+OUTLIVE = 2  # a request past OUTLIVE x its group's shortest finished response has outlived it
+# (posterior: ranked as unknown; first_finisher: never deferred)
 
 
 def posterior_options(options: dict[str, Any]) -> dict[str, Any]:
-    """`options` with the posterior estimator where they name none or the default rule (for
+    """`options` with the posterior estimator where they name none or first_finisher (for
     analysis variants that replace the posterior's estimates)."""
     out = dict(options)
     if out.get("estimator") in (None, "first_finisher"):
