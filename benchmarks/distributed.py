@@ -211,6 +211,16 @@ def main(argv: list[str] | None = None) -> int:
         ray_out, on_ray = run(group.instances, group.pool, prompts, args.max_tokens, "concurrent")
         same = [r.token_ids for r in ray_out.results] == [r.token_ids for r in in_turn_out.results]
         print(f"ray: {on_ray['tokens_per_s']:.0f} tok/s (tokens identical: {same})", flush=True)
+        group.reset()  # the same with one step per round trip (no step queued on the actors)
+        for inst in group.instances:
+            inst.pipeline_depth = 1
+        unpiped_out, unpiped = run(group.instances, group.pool, prompts, args.max_tokens,
+                                   "concurrent")
+        for inst in group.instances:
+            inst.pipeline_depth = backend.pipeline_depth
+        same = same and ([r.token_ids for r in unpiped_out.results]
+                         == [r.token_ids for r in in_turn_out.results])
+        print(f"ray, pipeline depth 1: {unpiped['tokens_per_s']:.0f} tok/s", flush=True)
         transfer = pool_transfer(ray, group.pool, [1, 16, 64])
         print("pool transfer:", [f"{r['mib']} MiB {r['gbps']:.2f} GB/s" for r in transfer],
               flush=True)
@@ -242,6 +252,9 @@ def main(argv: list[str] | None = None) -> int:
         "ray_speedup_vs_in_turn_shared_cores": (on_ray["tokens_per_s"]
                                                 / in_turn_shared["tokens_per_s"]),
         "inprocess_threads_tokens_per_s": threads["tokens_per_s"],
+        "ray_pipeline_depth": backend.pipeline_depth,
+        "ray_depth1_tokens_per_s": unpiped["tokens_per_s"],
+        "ray_depth1_speedup_vs_in_turn": unpiped["tokens_per_s"] / in_turn["tokens_per_s"],
         "ray_speedup_vs_in_turn": on_ray["tokens_per_s"] / in_turn["tokens_per_s"],
         "threads_speedup_vs_in_turn": threads["tokens_per_s"] / in_turn["tokens_per_s"],
         "tokens_identical": same,
@@ -259,7 +272,7 @@ def main(argv: list[str] | None = None) -> int:
         "workload": {"groups": args.groups, "group_size": 4, "max_tokens": args.max_tokens,
                      "chunk_size": 16, "policy": "seer",
                      "model": f"random hidden {args.hidden} x {args.layers} layers"},
-        "runs": {"inprocess_in_turn": in_turn, "inprocess_in_turn_shared_cores": in_turn_shared, "inprocess_threads": threads, "ray": on_ray,
+        "runs": {"inprocess_in_turn": in_turn, "inprocess_in_turn_shared_cores": in_turn_shared, "inprocess_threads": threads, "ray": on_ray, "ray_depth1": unpiped,
                  "ray_with_fault": faulted},
         "pool_transfer": transfer,
         "mooncake_pool_transfer": mooncake,

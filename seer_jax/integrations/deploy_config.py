@@ -55,7 +55,7 @@ def default_config() -> ml_collections.ConfigDict:
     # jax.distributed; see docs/deployment.md)
     c.backend = ml_collections.ConfigDict(dict(
         kind="inprocess", ray_address="", resource="CPU", strategy="SPREAD", step_timeout_s=600.0,
-        hosts_per_slice=1))
+        hosts_per_slice=1, pipeline_depth=2))
     c.sampling = ml_collections.ConfigDict(dict(
         group_size=4, max_tokens=16, max_prompt_length=32, temperature=1.0, top_p=1.0, top_k=0))
     c.trainer = ml_collections.ConfigDict(dict(
@@ -197,7 +197,8 @@ def validate_backend(c: ml_collections.ConfigDict) -> list[dict[str, float]]:
     try:
         ray_cfg = RayBackendConfig(address=b.ray_address, resource=b.resource, strategy=b.strategy,
                                    step_timeout_s=b.step_timeout_s,
-                                   hosts_per_slice=hosts).validate()
+                                   hosts_per_slice=hosts,
+                                   pipeline_depth=b.get("pipeline_depth", 2)).validate()
     except ConfigError as e:
         raise ConfigError(f"config.backend.{e}".replace("ray ", "", 1)) from None
     if b.resource != PLATFORM_RESOURCE[c.platform]:

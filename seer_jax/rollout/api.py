@@ -59,6 +59,9 @@ def default_config() -> ml_collections.ConfigDict:
     # hosts one slice spans: one actor and bundle per host, tp / hosts devices each, joined
     # under jax.distributed
     c.ray_hosts_per_slice = 1
+    # steps queued on each actor (clock concurrent): 2 = the next step starts while the
+    # controller reads the last one's results; 1 = one step per round trip
+    c.ray_pipeline_depth = 2
     # start a replacement actor for each lost one (clock concurrent; single-host slices only)
     c.ray_replace_lost = False
     # the KV pool between chunks: "" = the backend's own ("host" in process, "ray": object
@@ -152,7 +155,8 @@ def validate_config(c: ml_collections.ConfigDict, catalog: PolicyCatalog = CATAL
         try:
             RayBackendConfig(address=c.ray_address, resource=c.ray_resource,
                              step_timeout_s=c.ray_step_timeout_s,
-                             hosts_per_slice=c.ray_hosts_per_slice).validate().check_tp(c.tp)
+                             hosts_per_slice=c.ray_hosts_per_slice,
+                             pipeline_depth=c.ray_pipeline_depth).validate().check_tp(c.tp)
         except ConfigError as e:
             raise ConfigError(f"config.{e}".replace("ray ", "ray_", 1)) from None
     if not isinstance(c.ray_replace_lost, bool):
@@ -384,7 +388,8 @@ def _ray_group(c, cfg, engine_cfg, eos, group, pool_factory=None):
         group.shutdown()
     backend = RayBackendConfig(address=c.ray_address, resource=c.ray_resource,
                                step_timeout_s=c.ray_step_timeout_s,
-                               hosts_per_slice=c.ray_hosts_per_slice)
+                               hosts_per_slice=c.ray_hosts_per_slice,
+                               pipeline_depth=c.ray_pipeline_depth)
     # each actor loads the weights itself from the model name/path (no copy in the object store)
     return make_ray_instances(cfg, c.model, num_instances=c.num_instances, tp=c.tp,
                               engine_config=engine_cfg, backend=backend, dtype=c.dtype,

@@ -8,6 +8,14 @@ instances, and dispatches once. The controller stays on this thread and sees the
 of events whatever the steps' timing, so what it decides (placement, chunk sizes, order) is
 deterministic; only the reported times come from the wall clock.
 
+Pipelined steps: an instance with `start_step` and `pipeline_depth` = D > 1 (a Ray actor, see
+`RayBackendConfig.pipeline_depth`) keeps up to D steps queued, so it starts its next step while
+the driver is still reading the last one's results and dispatching: the round trip and the
+controller's work are hidden behind the device step. Chunks dispatched in a round are sent
+behind the steps already queued and so start D - 1 steps later than without pipelining. What the
+controller sees still depends only on the order of the driver's calls, never on timing. Once the
+rollout is done the queued steps (they find no work) are collected.
+
 A round lasts as long as its slowest step. Instances whose steps take very different times would
 do better with a driver that delivers each instance's results as they arrive (at the cost of
 decisions that depend on timing); that is not built.
@@ -35,13 +43,14 @@ Controller restart is not covered: the controller holds the rollout's state in m
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import dataclasses
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
-from seer_jax.errors import ConfigError
+from seer_jax.errors import ConfigError, SeerError
 from seer_jax.rollout.driver import InstanceTimeline, _DriverBase
 from seer_jax.rollout.instance import Instance, InstanceLostError
 from seer_jax.rollout.types import StepReport
@@ -112,6 +121,9 @@ class ConcurrentDriver(_DriverBase):
         origin = self.clock()
         ctl.instance_clock_origin = None
         self.alive = [True] * len(insts)
+        # steps started and not yet collected, oldest first (more than one only for instances
+        # with `pipeline_depth` > 1)
+        self.inflight: list[collections.deque] = [collections.deque() for _ in insts]
         threads = concurrent.futures.ThreadPoolExecutor(max_workers=len(insts),
                                                         thread_name_prefix="seer-step")
         try:
@@ -119,18 +131,21 @@ class ConcurrentDriver(_DriverBase):
             ctl.dispatch(0.0)
             self._maybe_fault(0.0)
             while not ctl.done:
-                busy = [i for i, inst in enumerate(insts) if self.alive[i] and inst.has_work()]
+                for i, inst in enumerate(insts):
+                    depth = getattr(inst, "pipeline_depth", 1) if hasattr(inst, "start_step") else 1
+                    while self.alive[i] and len(self.inflight[i]) < depth and inst.has_work():
+                        self.inflight[i].append(self._start(inst, threads))
+                busy = [i for i in range(len(insts)) if self.inflight[i]]
                 if not busy:
                     if ctl.dispatch(self.clock() - origin) == 0:
                         if not self._adopt(wait=True):
                             raise self._stalled()
                     continue
-                started = {i: self._start(insts[i], threads) for i in busy}
                 reports: dict[int, StepReport] = {}
                 lost: list[int] = []
                 for i in busy:
                     try:
-                        reports[i] = self._finish(insts[i], started[i])
+                        reports[i] = self._finish(insts[i], self.inflight[i].popleft())
                     except InstanceLostError as e:
                         self.lost_reasons.setdefault(i, str(e))
                         lost.append(i)
@@ -145,9 +160,25 @@ class ConcurrentDriver(_DriverBase):
                 self._maybe_fault(now, reports)
                 self._adopt(wait=not any(self.alive))
                 ctl.dispatch(now)
+            self._drain()
         finally:
             threads.shutdown(wait=True)
         self.end_time = self.clock() - origin
+
+    def _drain(self) -> None:
+        """Collect the steps still in flight once every request is done: they ran with no chunk
+        left (a pipelined step started before the last results arrived)."""
+        for i, pending in enumerate(self.inflight):
+            while pending:
+                try:
+                    rep = self._finish(self.ctl.instances[i], pending.popleft())
+                except InstanceLostError as e:  # gone after the rollout ended: nothing to redo
+                    self.lost_reasons.setdefault(i, str(e))
+                    pending.clear()
+                    continue
+                if rep.finished:
+                    raise SeerError(f"instance {i} ended {len(rep.finished)} chunk(s) after every "
+                                    "request was done")
 
     def _start(self, inst: Any, threads: concurrent.futures.ThreadPoolExecutor) -> Any:
         if hasattr(inst, "start_step"):
@@ -169,6 +200,7 @@ class ConcurrentDriver(_DriverBase):
         if not self.alive[i]:
             return
         self.alive[i] = False
+        self.inflight[i].clear()  # abandoned: the instance's chunks go back to the controller
         self.timelines[i].lost_at = now
         self.ctl.on_instance_lost(i, now)
         if self.replacer is not None:
@@ -182,6 +214,7 @@ class ConcurrentDriver(_DriverBase):
         for lost_id, inst in joined:
             self.ctl.add_instance(inst)
             self.alive.append(True)
+            self.inflight.append(collections.deque())
             self.timelines.append(InstanceTimeline(inst.instance_id))
             self.replaced[lost_id] = inst.instance_id
         return bool(joined)

@@ -61,6 +61,8 @@ class RayBackendConfig:
     k mod os.cpu_count() (before its XLA runtime starts, so XLA runs its computations on that
     one core): a dev box then emulates slices that own their devices, instead of every actor's
     XLA thread pool spreading over all cores and contending with the others.
+    pipeline_depth: steps kept queued on each actor by the concurrent driver (1 = one step per
+    round trip; 2 = the next step starts while the driver reads the last one's results).
     """
 
     address: str = ""
@@ -72,6 +74,7 @@ class RayBackendConfig:
     env: dict[str, str] = dataclasses.field(default_factory=dict)  # extra actor env vars
     hosts_per_slice: int = 1
     pin_cpus: bool = False
+    pipeline_depth: int = 2
 
     def validate(self) -> RayBackendConfig:
         if self.resource not in RESOURCES:
@@ -91,6 +94,10 @@ class RayBackendConfig:
                 f"ray hosts_per_slice={hosts!r} is invalid; allowed: an integer >= 1")
         if not isinstance(self.pin_cpus, bool):
             raise ConfigError(f"ray pin_cpus={self.pin_cpus!r} is invalid; allowed: True or False")
+        depth = self.pipeline_depth
+        if not isinstance(depth, int) or isinstance(depth, bool) or not 1 <= depth <= 8:
+            raise ConfigError(
+                f"ray pipeline_depth={depth!r} is invalid; allowed: an integer from 1 to 8")
         if self.pin_cpus and self.resource != "CPU":
             raise ConfigError(f"ray pin_cpus=True is invalid with resource={self.resource!r}; "
                               "allowed: resource='CPU'")

@@ -45,6 +45,7 @@ slices left.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import os
 import time
@@ -270,11 +271,12 @@ class RayInstance:
     slice (leader first); implements `Instance`."""
 
     def __init__(self, instance_id: int, actor: Any, snapshot: ActorSnapshot, step_timeout_s: float,
-                 followers: Sequence[Any] = (), pool: Any = None, bundle_index: int = 0):
+                 followers: Sequence[Any] = (), pool: Any = None, bundle_index: int = 0,
+                 pipeline_depth: int = 1):
         """followers: the other hosts' actors of a multi-host slice; pool: the KV pool (its
         handles are resolved here for a multi-host slice, and it is told when the slice is lost,
         so the KV its leader wrote is dropped); bundle_index: the leader's placement-group
-        bundle."""
+        bundle; pipeline_depth: how many steps `ConcurrentDriver` keeps queued on the actor."""
         self.instance_id = instance_id
         self.actor = actor
         self.actors = [actor, *followers]
@@ -284,7 +286,10 @@ class RayInstance:
         self.bundle_index = bundle_index  # its placement-group bundle
         self.lost = False
         self.killed = False  # `kill` was called (the actors may still answer for a moment)
-        self._submits: list = []  # refs of submits sent since the last step
+        self._submits: list = []  # refs of submits sent since the last step was started
+        # steps started and not finished: (step refs, refs of the submits sent before it)
+        self._started: collections.deque = collections.deque()
+        self.pipeline_depth = pipeline_depth
 
     # ---- Instance -------------------------------------------------------------------------------
     def now(self) -> float:
@@ -344,12 +349,21 @@ class RayInstance:
     def start_step(self) -> Any:
         if self.lost:
             raise InstanceLostError(f"instance {self.instance_id} is lost")
-        return [a.step.remote() for a in self.actors]
+        refs = [a.step.remote() for a in self.actors]
+        self._started.append((refs, self._submits))
+        self._submits = []
+        return refs
 
     def finish_step(self, refs: Any) -> StepReport:
+        """The report of the oldest started step (`refs`, from `start_step`). The snapshot it
+        brings is the actor's state at the end of that step; chunks submitted after the step was
+        started are not in it, so the instance still counts as having work."""
         import ray
 
-        submits, self._submits = self._submits, []
+        started, submits = self._started.popleft()
+        if started is not refs:
+            raise SeerError(f"instance {self.instance_id}: steps must be finished in the order "
+                            "they were started")
         (rep, snap), *followers = self._get(refs, self.step_timeout_s)
         digest = report_digest(rep)
         for h, (other, _) in enumerate(followers, 1):
@@ -360,6 +374,8 @@ class RayInstance:
         except ray.exceptions.RayTaskError as e:
             raise SeerError(f"instance {self.instance_id} refused a chunk: {e.cause}") from None
         self.snap = snap
+        if self._submits or any(later for _, later in self._started):
+            self.snap.has_work = True
         return rep
 
     def check_alive(self, timeout_s: float = 30.0) -> None:
@@ -408,6 +424,7 @@ class RayInstance:
 
     def _lose(self, why: str) -> None:
         self.lost = True
+        self._started.clear()
         self.kill()
         if hasattr(self.pool, "writer_lost"):  # its KV blobs died with it (the leader wrote them)
             self.pool.writer_lost(self.actor._actor_id.hex())
@@ -532,7 +549,8 @@ class RayInstanceGroup:
                     continue
                 iid = next_id + len(out)
                 actor.set_instance_id.remote(iid)
-                inst = RayInstance(iid, actor, snap, timeout, bundle_index=bundle, pool=self.pool)
+                inst = RayInstance(iid, actor, snap, timeout, bundle_index=bundle, pool=self.pool,
+                                   pipeline_depth=self.spec.backend.pipeline_depth)
                 self.instances.append(inst)
                 out.append((lost_id, inst))
             if not wait:
@@ -642,7 +660,8 @@ def make_ray_instances(cfg: ModelConfig, weights: Weights, *, num_instances: int
     snaps = ray.get([actors[0].snapshot.remote() for actors in slices],
                     timeout=backend.step_timeout_s)
     instances = [RayInstance(i, actors[0], s, backend.step_timeout_s, followers=actors[1:],
-                             pool=pool, bundle_index=i * hosts)
+                             pool=pool, bundle_index=i * hosts,
+                             pipeline_depth=backend.pipeline_depth)
                  for i, (actors, s) in enumerate(zip(slices, snaps, strict=True))]
     return RayInstanceGroup(instances, pool, pg, pool_capacity_bytes, spec, replace_lost,
                             pool_factory)

@@ -82,6 +82,7 @@ def test_fault_plan_needs_the_concurrent_clock_and_a_real_instance():
     ("ray_resource", "NPU", r"config.ray_resource='NPU' is invalid; allowed: \['CPU', 'GPU', 'TPU'\]"),
     ("ray_hosts_per_slice", 0, r"config.ray_hosts_per_slice=0 is invalid; allowed: an integer >= 1"),
     ("ray_hosts_per_slice", 2, r"config.ray_hosts_per_slice=2 is invalid for tp=1; allowed: a divisor of tp"),
+    ("ray_pipeline_depth", 0, r"config.ray_pipeline_depth=0 is invalid; allowed: an integer from 1 to 8"),
     ("fault_when", "later", r"config.fault_when='later' is invalid: allowed: chunks, kv_put, kv_load"),
     ("kv_pool", "ray", r"config.kv_pool='ray' is invalid: allowed with backend='inprocess': "
                        r"host, mooncake \(or '' for host\)"),
@@ -168,3 +169,100 @@ def test_a_replacement_joins_while_the_rollout_goes_on(reference):
     assert rep.lost_instances == [1] and rep.replacement_instances == [2]
     assert replacer.polls >= 3 and rep.instances[2].chunks > 0
     assert rep.num_instances == 3 and rep.chunks == sum(i.chunks for i in rep.instances)
+
+
+class _QueuedInstance:
+    """An in-process engine behind an actor-like call queue: `submit`, `set_now` and steps run in
+    the order they were sent, and only when the driver collects a step, as a Ray actor's calls do
+    (the fake runs them lazily, the actor as soon as it can; the order is the same)."""
+
+    def __init__(self, inner, depth):
+        self.inner, self.pipeline_depth = inner, depth
+        self.instance_id = inner.instance_id
+        self.calls: list = []  # ("submit", chunk) / ("set_now", t) / ("step", token)
+        self.started = 0
+        self.max_queued_steps = 0  # most steps sent and not yet collected
+        self.step_reports: list = []
+
+    def __getattr__(self, name):  # load, resident_tokens, running_progress, abort
+        return getattr(self.inner, name)
+
+    def now(self):
+        return self.inner.now()
+
+    def set_now(self, t):
+        self.calls.append(("set_now", t))
+
+    def submit(self, chunk):
+        self.calls.append(("submit", chunk))
+
+    def has_work(self):
+        return self.inner.has_work() or any(kind == "submit" for kind, _ in self.calls)
+
+    def start_step(self):
+        self.started += 1
+        self.calls.append(("step", self.started))
+        self.max_queued_steps = max(self.max_queued_steps,
+                                    sum(kind == "step" for kind, _ in self.calls))
+        return self.started
+
+    def finish_step(self, token):
+        while True:
+            kind, arg = self.calls.pop(0)
+            if kind == "step":
+                assert arg == token, "steps must be collected in the order they were started"
+                rep = self.inner.step()
+                self.step_reports.append(rep)
+                return rep
+            getattr(self.inner, kind)(arg)
+
+    def step(self):
+        return self.finish_step(self.start_step())
+
+
+def _run_queued(depth, fault=None):
+    pool = HostKVPool()
+    insts = [_QueuedInstance(i, depth) for i in make_engine_instances(
+        CFG, PARAMS, num_instances=2, tp=1, engine_config=ENGINE, pool=pool,
+        devices=jax.devices()[:2])]
+    out = rollout(GROUPS, group_size=3, max_tokens=30, instances=insts,
+                  sampling=SamplingParams(temperature=0.0), policy="seer", pool=pool,
+                  config={"chunk_size": 8}, clock="concurrent", fault=fault)
+    return out, insts
+
+
+@pytest.mark.parametrize("depth", [1, 2, 3])
+def test_pipelined_steps_keep_tokens_and_decisions_fixed(depth, reference):
+    a, insts = _run_queued(depth)
+    b, _ = _run_queued(depth)
+    assert sorted(r.request_id for r in a.results) == sorted(
+        f"g{g}/{j}" for g in range(4) for j in range(3))
+    for r in a.results:
+        assert r.token_ids == reference[r.group_index].token_ids, r.request_id
+    # what the controller decided depends only on the order of the driver's calls
+    assert [r.instances for r in a.results] == [r.instances for r in b.results]
+    for inst in insts:
+        # the driver kept `depth` steps queued, and collected every step it sent
+        assert inst.max_queued_steps == depth
+        assert not inst.calls and not inst.inner.has_work()
+    # the steps queued past the last chunk found nothing to do
+    assert sum(len(rep.finished) for i in insts for rep in i.step_reports) == a.report.chunks
+
+
+def test_pipelined_steps_start_dispatched_chunks_later():
+    """With a step already queued, a chunk dispatched in a round starts one step later: the
+    rollout takes more steps in all than at depth 1 (the schedule differs, the tokens do not)."""
+    one, _ = _run_queued(1)
+    two, insts = _run_queued(2)
+    assert [r.token_ids for r in one.results] == [r.token_ids for r in two.results]
+    steps = [sum(1 for rep in i.step_reports if rep.batch_size) for i in insts]
+    assert sum(steps) > sum(i.steps for i in one.report.instances)
+
+
+def test_pipelined_fault_redispatches_every_lost_chunk_once(reference):
+    out, insts = _run_queued(2, fault=FaultPlan(instance=1, after_chunks=6))
+    assert out.report.lost_instances == [1] and out.report.redispatched_chunks > 0
+    assert sorted(r.request_id for r in out.results) == sorted(
+        f"g{g}/{j}" for g in range(4) for j in range(3))
+    for r in out.results:
+        assert r.token_ids == reference[r.group_index].token_ids, r.request_id
