@@ -12,10 +12,12 @@ is timed after a warm-up run of the same workload (compilation left out).
 What is measured:
 - tokens/s: inprocess_in_turn (one process, 2 mesh slices, `clock="wall"`: one step after the
   other), inprocess_threads (`clock="concurrent"`: one thread per slice), ray (2 actors,
-  `clock="concurrent"`). The summary's speedup is ray / inprocess_in_turn. Each slice owns one
-  core unless `--shared-cores`: the in-turn baseline runs in a child process pinned to one core,
-  each Ray actor is pinned to its own (`RayBackendConfig.pin_cpus`); the in-turn run with XLA
-  spread over every core (and the threads run) are measured as well.
+  `clock="concurrent"`, steps pipelined `RayBackendConfig.pipeline_depth` deep, and again with
+  depth 1). The summary's speedup is ray / inprocess_in_turn. Each slice owns one core unless
+  `--shared-cores`: the in-turn baseline runs in a child process pinned to one core, each Ray
+  actor is pinned to its own (`RayBackendConfig.pin_cpus`); the in-turn run with XLA spread over
+  every core and the threads run are measured as well, in another child process (the driver
+  runs no engine itself).
 - pool GB/s: KV blobs of several sizes put by one actor and fetched by another through
   `RayKVPool` (directory lookup + object-store get), and the rate the rollout's pool reported;
   the same through `MooncakeKVPool` on a loopback `mooncake_master` (directory lookup + store get
@@ -33,8 +35,8 @@ import subprocess
 import sys
 import time
 
-if "--baseline-core" in sys.argv:  # the pinned baseline's process: one core, before XLA starts
-    os.sched_setaffinity(0, {int(sys.argv[sys.argv.index("--baseline-core") + 1])})
+if "in_turn_one_core" in sys.argv:  # the pinned baseline's process: one core, before XLA starts
+    os.sched_setaffinity(0, {0})
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
                            + " --xla_force_host_platform_device_count=2").strip()
@@ -154,6 +156,18 @@ def mooncake_transfer(ray, sizes_mib):
         master.stop()
 
 
+def child(kind: str, args) -> dict:
+    """Run the in-process setups `kind` in a fresh process; its runs and token ids."""
+    path = f"{args.json or 'distributed'}.{kind}.json"
+    subprocess.run([sys.executable, __file__, "--child", kind, "--json", path,
+                    "--groups", str(args.groups), "--max-tokens", str(args.max_tokens),
+                    "--hidden", str(args.hidden), "--layers", str(args.layers)], check=True)
+    with open(path) as f:
+        runs = json.load(f)
+    os.remove(path)
+    return runs
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--groups", type=int, default=16)
@@ -162,22 +176,32 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--layers", type=int, default=4, help="model depth")
     ap.add_argument("--shared-cores", action="store_true",
                     help="do not pin: every process's XLA spreads over all cores")
-    ap.add_argument("--baseline-core", type=int, default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--child", choices=["in_process", "in_turn_one_core"], default=None,
+                    help=argparse.SUPPRESS)
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     global CFG
     CFG = model_config(args.hidden, args.layers)
     params = init_params(CFG, seed=3)
     prompts = workload(args.groups)
-    if args.baseline_core is not None:  # child: the in-turn baseline on one core
-        out, in_turn = inprocess(params, prompts, args.max_tokens, "wall")
-        in_turn["token_ids"] = [list(r.token_ids) for r in out.results]
+    if args.child is not None:  # a child process: in-process runs, results to --json
+        if args.child == "in_turn_one_core":
+            out, res = inprocess(params, prompts, args.max_tokens, "wall")
+            runs = {"in_turn": res}
+        else:
+            out, res = inprocess(params, prompts, args.max_tokens, "wall")
+            runs = {"in_turn": res,
+                    "threads": inprocess(params, prompts, args.max_tokens, "concurrent")[1]}
+        runs["token_ids"] = [list(r.token_ids) for r in out.results]
         with open(args.json, "w") as f:
-            json.dump(in_turn, f)
+            json.dump(runs, f)
         return 0
 
-    in_turn_out, in_turn_shared = inprocess(params, prompts, args.max_tokens, "wall")
-    _, threads = inprocess(params, prompts, args.max_tokens, "concurrent")
+    # In-process runs go in child processes: a driver that has run engines itself slows the
+    # actors down on this 2-core box (its idle XLA runtime still takes CPU time: 214 vs 192
+    # tokens/s at 1024 x 8), and a rollout driver does not run engines.
+    shared = child("in_process", args)
+    in_turn_shared, threads = shared["in_turn"], shared["threads"]
     print(f"in-process in turn (XLA on all cores): {in_turn_shared['tokens_per_s']:.0f} tok/s; "
           f"threads: {threads['tokens_per_s']:.0f} tok/s", flush=True)
     in_turn = in_turn_shared
@@ -185,16 +209,12 @@ def main(argv: list[str] | None = None) -> int:
         # each slice owns one core, as a slice owns its chips: the in-turn baseline runs in a
         # process pinned to one core (one slice computes at a time, on its core), each Ray actor
         # is pinned to its own core (RayBackendConfig.pin_cpus)
-        path = f"{args.json or 'distributed'}.baseline.json"
-        subprocess.run([sys.executable, __file__, "--baseline-core", "0", "--json", path,
-                        "--groups", str(args.groups), "--max-tokens", str(args.max_tokens),
-                        "--hidden", str(args.hidden), "--layers", str(args.layers)], check=True)
-        with open(path) as f:
-            in_turn = json.load(f)
-        os.remove(path)
-        if in_turn.pop("token_ids") != [list(r.token_ids) for r in in_turn_out.results]:
+        pinned = child("in_turn_one_core", args)
+        in_turn = pinned["in_turn"]
+        if pinned["token_ids"] != shared["token_ids"]:
             raise SystemExit("the pinned baseline's tokens differ from the in-process run's")
         print(f"in-process in turn (one core): {in_turn['tokens_per_s']:.0f} tok/s", flush=True)
+    reference_tokens = shared["token_ids"]
 
     backend = RayBackendConfig(object_store_mb=400, pin_cpus=not args.shared_cores,
                                env={"XLA_FLAGS": "--xla_force_host_platform_device_count=1"})
@@ -209,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
         run(group.instances, group.pool, prompts, args.max_tokens, "concurrent")  # warm-up
         group.reset()
         ray_out, on_ray = run(group.instances, group.pool, prompts, args.max_tokens, "concurrent")
-        same = [r.token_ids for r in ray_out.results] == [r.token_ids for r in in_turn_out.results]
+        same = [list(r.token_ids) for r in ray_out.results] == reference_tokens
         print(f"ray: {on_ray['tokens_per_s']:.0f} tok/s (tokens identical: {same})", flush=True)
         group.reset()  # the same with one step per round trip (no step queued on the actors)
         for inst in group.instances:
@@ -218,8 +238,7 @@ def main(argv: list[str] | None = None) -> int:
                                    "concurrent")
         for inst in group.instances:
             inst.pipeline_depth = backend.pipeline_depth
-        same = same and ([r.token_ids for r in unpiped_out.results]
-                         == [r.token_ids for r in in_turn_out.results])
+        same = same and [list(r.token_ids) for r in unpiped_out.results] == reference_tokens
         print(f"ray, pipeline depth 1: {unpiped['tokens_per_s']:.0f} tok/s", flush=True)
         transfer = pool_transfer(ray, group.pool, [1, 16, 64])
         print("pool transfer:", [f"{r['mib']} MiB {r['gbps']:.2f} GB/s" for r in transfer],
@@ -232,8 +251,7 @@ def main(argv: list[str] | None = None) -> int:
         fault = FaultPlan(instance=1, after_chunks=8)
         fault_out, faulted = run(group.instances, group.pool, prompts, args.max_tokens,
                                  "concurrent", fault=fault)
-        fault_same = ([r.token_ids for r in fault_out.results]
-                      == [r.token_ids for r in in_turn_out.results])
+        fault_same = [list(r.token_ids) for r in fault_out.results] == reference_tokens
     finally:
         group.shutdown()
         ray.shutdown()
