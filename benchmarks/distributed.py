@@ -1,13 +1,14 @@
 """Distributed rollout on a local Ray cluster: 2 engine actors stepping at once vs 2 in-process
 slices stepped in turn, object-store KV pool transfer rate, and recovery from a killed actor.
 
-Usage (a 2-core box takes about 2 minutes at the default size, 3 at 768 x 6, 6.5 at 1024 x 8):
-  python benchmarks/distributed.py [--hidden 768 --layers 6] [--shared-cores] --json PATH
+Usage (a 2-core box takes about 2.5 minutes at 256 x 4, 4.5 at the default 768 x 6, 9 at 1024 x 8):
+  python benchmarks/distributed.py [--hidden 256 --layers 4] [--shared-cores] --json PATH
 
-Workload: a random model (`--hidden` 256, `--layers` 4 by default), `--groups` prompts x G=4
-responses of up to
-`--max-tokens` greedy tokens, chunks of 16 tokens (seer policy), the same for every run. Every run
-is timed after a warm-up run of the same workload (compilation left out).
+Workload: a random model (`--hidden` 768, `--layers` 6 by default: steps of tens of ms, compute-
+bound like a device step; at 256 x 4 a step is ~5 ms of host-bound work), `--groups` prompts x
+G=4 responses of up to `--max-tokens` greedy tokens, chunks of 16 tokens (seer policy), the
+same for every run. Every run is timed after a warm-up run of the same workload (compilation
+left out).
 
 What is measured:
 - tokens/s: inprocess_in_turn (one process, 2 mesh slices, `clock="wall"`: one step after the
@@ -63,7 +64,7 @@ def model_config(hidden: int, layers: int):
                        eos_token_ids=(7,))
 
 
-CFG = model_config(256, 4)
+CFG = model_config(768, 6)
 ENGINE = EngineConfig(num_pages=256, page_size=16, max_num_seqs=16, max_num_batched_tokens=64,
                       max_prefill_seqs=4)
 GREEDY = SamplingParams(temperature=0.0)
@@ -172,8 +173,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--groups", type=int, default=16)
     ap.add_argument("--max-tokens", type=int, default=96)
-    ap.add_argument("--hidden", type=int, default=256, help="model width (heads of 32)")
-    ap.add_argument("--layers", type=int, default=4, help="model depth")
+    ap.add_argument("--hidden", type=int, default=768, help="model width (heads of 32)")
+    ap.add_argument("--layers", type=int, default=6, help="model depth")
     ap.add_argument("--shared-cores", action="store_true",
                     help="do not pin: every process's XLA spreads over all cores")
     ap.add_argument("--child", choices=["in_process", "in_turn_one_core"], default=None,
