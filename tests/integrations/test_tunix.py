@@ -15,7 +15,7 @@ from seer_jax.integrations.weight_sync import params_on, reshard_array, state_to
 from seer_jax.model.config import tiny_config
 from seer_jax.model.generate import full_forward, generate
 from seer_jax.rollout.types import SamplingParams
-from tests.integrations.tunix_tiny import grpo_cluster
+from tests.integrations.tunix_tiny import flat_np, grpo_cluster, grpo_step
 
 pytestmark = pytest.mark.slow  # engines or a cluster: make test runs these, test-fast does not
 
@@ -24,8 +24,6 @@ PROMPTS = ["12+34=", "7*8=", "99-5="]
 G = 4
 
 
-def _flat_np(params):
-    return {k: np.asarray(v) for k, v in jax.tree_util.tree_leaves_with_path(params)}
 
 
 def test_detect_groups_runs():
@@ -187,7 +185,6 @@ def _actor_logps(cluster, out, temperature=1.0):
 
 def test_grpo_step_logprobs_and_weight_sync(cluster):
     from flax import nnx
-    from tunix.rl.grpo.grpo_learner import GRPOConfig, GRPOLearner
 
     rollout = cluster.rollout
     prompts = [p for p in PROMPTS for _ in range(G)]
@@ -210,24 +207,19 @@ def test_grpo_step_logprobs_and_weight_sync(cluster):
     for i, n in enumerate(upto):
         np.testing.assert_allclose(rec[i, :n], fwd[i, :n], atol=1e-4)
 
-    old = _flat_np(rollout.group.params(0))
+    old = flat_np(rollout.group.params(0))
 
     # 2. one GRPO step end to end; reward: completions that contain a digit
-    def reward(prompts, completions, **kw):
-        return [float(sum(c.isdigit() for c in text)) for text in completions]
-
-    learner = GRPOLearner(rl_cluster=cluster, reward_fns=[reward],
-                          algo_config=GRPOConfig(num_generations=G, num_iterations=1, beta=0.0))
-    learner.train([{"prompts": np.array(PROMPTS)}])
+    grpo_step(cluster, PROMPTS, G)
     assert cluster.actor_trainer.train_steps == 1
     assert rollout.policy_version == 1
 
     # 3. the engines serve exactly the trained actor's weights, and they moved
     actor_params = state_to_params(nnx.state(cluster.actor_trainer.model, nnx.Param), CFG)
-    new = _flat_np(rollout.group.params(0))
+    new = flat_np(rollout.group.params(0))
     moved = max(float(np.abs(new[k] - old[k]).max()) for k in new)
     assert moved > 1e-3
-    for k, v in _flat_np(actor_params).items():
+    for k, v in flat_np(actor_params).items():
         np.testing.assert_array_equal(new[k], v)
     for e, m in zip(rollout.group.engines, rollout.group.meshes, strict=True):
         assert params_on(e.runner.params, m)  # resharded to our tp rules on each slice

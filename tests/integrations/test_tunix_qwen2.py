@@ -11,7 +11,14 @@ import pytest
 from seer_jax.engine.engine import EngineConfig
 from seer_jax.model.generate import full_forward, generate
 from seer_jax.rollout.types import SamplingParams
-from tests.integrations.tunix_tiny import grpo_cluster, randomize, tunix_logits, tunix_model
+from tests.integrations.tunix_tiny import (
+    flat_np,
+    grpo_cluster,
+    grpo_step,
+    randomize,
+    tunix_logits,
+    tunix_model,
+)
 
 pytest.importorskip("tunix")
 pytestmark = pytest.mark.slow  # engines and a Tunix cluster: make test runs these
@@ -24,9 +31,6 @@ ENGINE = EngineConfig(num_pages=96, page_size=8, max_num_seqs=16, max_num_batche
 GREEDY = SamplingParams(temperature=0.0)
 
 
-def _flat_np(params):
-    return {jax.tree_util.keystr(k): np.asarray(v)
-            for k, v in jax.tree_util.tree_leaves_with_path(params)}
 
 
 def _expected_tokens(host_params, cfg, max_tokens=8):
@@ -43,7 +47,6 @@ def cluster():
 def test_grpo_step_with_a_tunix_qwen2_actor(cluster):
     from flax import nnx
     from tunix.rl import common
-    from tunix.rl.grpo.grpo_learner import GRPOConfig, GRPOLearner
 
     from seer_jax.integrations.tunix_models import FAMILIES
     from seer_jax.integrations.weight_sync import state_to_params
@@ -67,21 +70,16 @@ def test_grpo_step_with_a_tunix_qwen2_actor(cluster):
     assert sum(upto) >= len(prompts) * 4
     for i, n in enumerate(upto):
         np.testing.assert_allclose(out.logprobs[i][:n], ref[i, :n], atol=1e-4)
-    old = _flat_np(rollout.group.params(0))
+    old = flat_np(rollout.group.params(0))
 
-    def reward(prompts, completions, **kw):
-        return [float(sum(c.isdigit() for c in text)) for text in completions]
-
-    learner = GRPOLearner(rl_cluster=cluster, reward_fns=[reward],
-                          algo_config=GRPOConfig(num_generations=G, num_iterations=1, beta=0.0))
-    learner.train([{"prompts": np.array(PROMPTS)}])
+    grpo_step(cluster, PROMPTS, G)
     assert cluster.actor_trainer.train_steps == 1 and rollout.policy_version == 1
 
     # the engines serve the trained Qwen2's weights, mapped to our layout, and they moved
     trained = state_to_params(nnx.state(cluster.actor_trainer.model, nnx.Param), cfg, qwen2.mapping)
-    new = _flat_np(rollout.group.params(0))
+    new = flat_np(rollout.group.params(0))
     assert max(float(np.abs(new[k] - old[k]).max()) for k in new) > 1e-3
-    for k, v in _flat_np(trained).items():
+    for k, v in flat_np(trained).items():
         np.testing.assert_array_equal(new[k], v)
     # the next rollout: greedy tokens == the reference generator at the new weights
     import dataclasses

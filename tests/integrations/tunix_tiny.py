@@ -87,3 +87,21 @@ def grpo_cluster(actor, mesh_shape: tuple[int, int], engine_config):
         rollout_config=rollout_config,
     )
     return rl.RLCluster(actor=actor, tokenizer=CharTokenizer(), cluster_config=config)
+
+
+def flat_np(params) -> dict:
+    """A params tree's leaves as host arrays, keyed by their tree path."""
+    return {k: np.asarray(v) for k, v in jax.tree_util.tree_leaves_with_path(params)}
+
+
+def grpo_step(cluster, prompts: list[str], group_size: int) -> None:
+    """One GRPO step on `cluster` over `prompts` (reward: the digits in a completion)."""
+    from tunix.rl.grpo.grpo_learner import GRPOConfig, GRPOLearner
+
+    def reward(prompts, completions, **kw):
+        return [float(sum(c.isdigit() for c in text)) for text in completions]
+
+    learner = GRPOLearner(rl_cluster=cluster, reward_fns=[reward],
+                          algo_config=GRPOConfig(num_generations=group_size, num_iterations=1,
+                                                 beta=0.0))
+    learner.train([{"prompts": np.array(prompts)}])

@@ -182,17 +182,23 @@ def test_posterior_probes_first_shortest_generated_first():
     assert [p.pop().request_id for _ in range(3)] == ["g1/0", "g2/0", "g0/0"]
 
 
-def test_posterior_defers_confidently_short_groups_and_learns_from_siblings():
-    # 24 groups: three siblings of each of the first 12 finish short (~50 tokens), of the rest
-    # long (~1500); after the refit the model knows lengths are prompt-driven
+def _short_and_long_groups(seed: int):
+    """24 groups of 4 under seer's posterior: three siblings of each of the first 12 finished
+    short (~50 tokens), of the rest long (~1500); the fourth siblings have not run."""
     groups = make_groups(24, 4)
     p = make_policy("seer")
     p.bind(groups, {"starvation_pops": 0, "estimator": "posterior"})
-    rng = np.random.default_rng(0)
+    rng = np.random.default_rng(seed)
     for gi, g in enumerate(groups):
         base = 50 if gi < 12 else 1500
         for r in g.requests[:3]:  # ran and finished (never buffered here)
             finish_popped(p, r, int(base * math.exp(rng.normal(0, 0.2))))
+    return groups, p
+
+
+def test_posterior_defers_confidently_short_groups_and_learns_from_siblings():
+    # after the refit the model knows lengths are prompt-driven
+    groups, p = _short_and_long_groups(0)
     assert p.model.fits >= 1 and p.length_params.icc > 0.8
     for g in groups:
         p.push(g.requests[3])
@@ -212,16 +218,8 @@ def test_posterior_defers_confidently_short_groups_and_learns_from_siblings():
 
 
 def test_posterior_ranks_a_lone_long_sibling_as_unknown_once_it_outlives_its_group():
-    # 24 groups: three siblings of each of the first 12 finish at ~50 tokens, of the rest at
-    # ~1500; the fourth sibling of short group 0 is still running
-    groups = make_groups(24, 4)
-    p = make_policy("seer")
-    p.bind(groups, {"starvation_pops": 0, "estimator": "posterior"})
-    rng = np.random.default_rng(1)
-    for gi, g in enumerate(groups):
-        base = 50 if gi < 12 else 1500
-        for r in g.requests[:3]:
-            finish_popped(p, r, int(base * math.exp(rng.normal(0, 0.2))))
+    # the fourth sibling of short group 0 is still running
+    groups, p = _short_and_long_groups(1)
     shortest = min(r.generated for r in groups[0].requests[:3])
     lone = groups[0].requests[3]
 
