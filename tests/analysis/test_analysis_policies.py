@@ -7,8 +7,10 @@ import math
 import pytest
 
 from seer_jax.analysis.policies import CATALOG, Hindsight
+from seer_jax.analysis.policies.conditional_quantile import MIN_MATCHES
 from seer_jax.analysis.policies.seer_prompt_oracle import lognormal_remaining_quantile as rq
 from seer_jax.errors import ConfigError
+from seer_jax.rollout.policies import RequestState
 from tests.rollout.test_policies import MAX, bound, drain, make_groups, run_chunk
 
 
@@ -146,3 +148,66 @@ def test_oracle_conditional_max_estimates_from_groups_with_a_similar_shortest_re
     run_chunk(p, first, 104, finished=True)
     # g4 estimated at 400 (not its true 600), raised to what a sibling has generated
     assert p.estimate_remaining(groups[4].requests[1]) == 400
+
+
+
+def _finish(r: RequestState, n: int) -> None:
+    r.output_ids.extend([7] * n)
+    r.status = "done"
+
+
+def test_oracle_conditional_quantile_too_little_evidence_counts_as_unknown():
+    # three groups whose short response (~100) has a 900-long sibling, three of 300 / 350
+    lengths = {}
+    for gi in range(3):
+        lengths[f"g{gi}/0"], lengths[f"g{gi}/1"] = 100 + gi, 900
+    for gi in range(3, 6):
+        lengths[f"g{gi}/0"], lengths[f"g{gi}/1"] = 300 + gi, 350
+    groups = make_groups(6, 2)
+    p = bound("oracle_conditional_quantile", groups, Hindsight(true_lengths=lengths),
+              quantile=0.5)
+    # nothing known: every request matches all twelve, one key for all
+    assert len({p.estimate_remaining(r) for g in groups for r in g.requests}) == 1
+    _finish(groups[0].requests[0], 100)
+    # a sibling finished at ~100: only g0-g2's 900-long requests match, fewer than MIN_MATCHES
+    assert MIN_MATCHES == 5
+    assert p.estimate_remaining(groups[0].requests[1]) == MAX
+    assert p.evidence(groups[0].requests[1]) == (0, 100, 100, 100)
+
+
+def test_oracle_conditional_quantile_known_long_profile_outranks_known_short_profile():
+    # six "hard" groups (a 100-token response and a 900-token one) and six "easy" ones (100 and
+    # 150): the shortest sibling alone does not tell them apart, progress does
+    lengths = {}
+    for gi in range(12):
+        lengths[f"g{gi}/0"], lengths[f"g{gi}/1"] = 100, (900 if gi < 6 else 150)
+    groups = make_groups(12, 2)
+    p = bound("oracle_conditional_quantile", groups, Hindsight(true_lengths=lengths),
+              quantile=0.9)
+    hard, easy, late = groups[0].requests, groups[6].requests, groups[7].requests
+    for g in groups:
+        assert p.pop().request_id == g.requests[0].request_id  # ties: enqueue order
+        _finish(g.requests[0], 100)
+        assert p.pop().request_id == g.requests[1].request_id
+        p.push(g.requests[1])
+    # same evidence, same key: longer than 0 with a ~100 sibling: six 900s and six 150s
+    assert p.estimate_remaining(easy[1]) == p.estimate_remaining(hard[1]) == 900
+    hard[1].output_ids.extend([7] * 400)
+    late[1].output_ids.extend([7] * 200)
+    # past 400 (or 200: it outlived the easy profile) only the 900s are consistent
+    assert p.estimate_remaining(hard[1]) == 500
+    assert p.estimate_remaining(late[1]) == 700
+    # the key is the estimate, longest first; ties to the least generated
+    for r in (hard[1], late[1]):
+        p.on_chunk_end(r)
+    assert drain(p)[-2:] == ["g7/1", "g0/1"]
+
+
+def test_oracle_conditional_quantile_options():
+    groups = make_groups(1, 2)
+    lengths = {"g0/0": 5, "g0/1": 9}
+    with pytest.raises(ConfigError, match="quantile=1.5 is invalid"):
+        bound("oracle_conditional_quantile", groups, Hindsight(true_lengths=lengths),
+              quantile=1.5)
+    with pytest.raises(ConfigError, match="needs true lengths"):
+        CATALOG.make("oracle_conditional_quantile").bind(groups, {})

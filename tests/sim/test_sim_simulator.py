@@ -51,7 +51,7 @@ def test_same_config_and_seed_identical_results():
 
 @pytest.mark.parametrize("policy", ["seer", "group_round_robin", "request_fcfs", "oracle_lfs",
                                     "oracle_group_lfs", "seer_running_oracle",
-                                    "seer_prompt_oracle"])
+                                    "seer_prompt_oracle", "oracle_conditional_quantile"])
 def test_every_response_completes_with_its_length(policy):
     c = _cfg("--config.workload.num_prompts=12", "--config.cluster.kv_capacity_tokens=12000")
     work = sim.build_workload(c)

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+from seer_jax.analysis.policies.conditional_quantile import OracleConditionalQuantilePolicy
 from seer_jax.analysis.policies.first_finish import (
     OracleConditionalMaxPolicy,
     OracleFirstFinishPolicy,
@@ -17,7 +18,8 @@ from seer_jax.rollout.policies import POLICIES, Hindsight, PolicyCatalog
 ANALYSIS_POLICIES = {
     cls.name: cls
     for cls in (OracleLFSPolicy, OracleGroupLFSPolicy, OracleFirstFinishPolicy,
-                OracleConditionalMaxPolicy, SeerRunningOraclePolicy, SeerPromptOraclePolicy)
+                OracleConditionalMaxPolicy, OracleConditionalQuantilePolicy, SeerRunningOraclePolicy,
+                SeerPromptOraclePolicy)
 }
 # policies that need a workload's generating distributions (synthetic simulator workloads only)
 NEEDS_DISTRIBUTIONS = (SeerPromptOraclePolicy.name,)
@@ -29,6 +31,8 @@ CATALOG = PolicyCatalog(
         OracleGroupLFSPolicy.name: lambda h: OracleGroupLFSPolicy(h.true_lengths),
         OracleFirstFinishPolicy.name: lambda h: OracleFirstFinishPolicy(h.true_lengths),
         OracleConditionalMaxPolicy.name: lambda h: OracleConditionalMaxPolicy(h.true_lengths),
+        OracleConditionalQuantilePolicy.name:
+            lambda h: OracleConditionalQuantilePolicy(h.true_lengths),
         SeerRunningOraclePolicy.name: lambda h: SeerRunningOraclePolicy(h.true_lengths),
         SeerPromptOraclePolicy.name: lambda h: SeerPromptOraclePolicy(h.length_distributions),
     },
@@ -39,6 +43,7 @@ __all__ = [
     "CATALOG",
     "NEEDS_DISTRIBUTIONS",
     "OracleConditionalMaxPolicy",
+    "OracleConditionalQuantilePolicy",
     "OracleFirstFinishPolicy",
     "Hindsight",
     "OracleGroupLFSPolicy",
