@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from seer_jax.analysis.policies.oracle_lfs import OracleLFSPolicy
+from seer_jax.analysis.policies.oracle_lfs import GroupKeyedOraclePolicy
 from seer_jax.errors import ConfigError
 from seer_jax.rollout.policies.base import GroupState, RequestState
 
@@ -42,7 +42,7 @@ MIN_MATCHES = 5  # fewer consistent requests than this: the request counts as un
 DEFAULT_QUANTILE = 0.995
 
 
-class OracleConditionalQuantilePolicy(OracleLFSPolicy):
+class OracleConditionalQuantilePolicy(GroupKeyedOraclePolicy):
     name = "oracle_conditional_quantile"
     option_keys = ("quantile",)
 
@@ -106,17 +106,6 @@ class OracleConditionalQuantilePolicy(OracleLFSPolicy):
     def estimate_remaining(self, req: RequestState) -> int | None:
         v = self.conditional_remaining(*self.evidence(req), req.max_tokens)
         return max(1, int(round(v)))
-
-    def on_request_finished(self, req: RequestState) -> None:
-        self._rekey(req.group)
-
-    def on_chunk_end(self, req: RequestState) -> None:
-        self._rekey(req.group)
-
-    def _rekey(self, g: GroupState) -> None:
-        for r in g.requests:
-            if r.in_buffer:
-                self._push(r)
 
     def _push(self, req: RequestState) -> None:
         v = self.conditional_remaining(*self.evidence(req), req.max_tokens)

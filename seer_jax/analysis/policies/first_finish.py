@@ -29,14 +29,14 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from seer_jax.analysis.policies.oracle_group_lfs import group_longest
-from seer_jax.analysis.policies.oracle_lfs import OracleLFSPolicy
+from seer_jax.analysis.policies.oracle_lfs import GroupKeyedOraclePolicy
 from seer_jax.rollout.policies.base import GroupState, RequestState
 
 CONDITIONAL_WIDTH = 1.3  # oracle_conditional_max: "similar shortest" = within this factor
 CONDITIONAL_MIN_GROUPS = 4  # ... and at least this many such groups, else max_tokens
 
 
-class OracleFirstFinishPolicy(OracleLFSPolicy):
+class OracleFirstFinishPolicy(GroupKeyedOraclePolicy):
     name = "oracle_first_finish"
 
     def __init__(self, lengths: Mapping[str, int] | None = None) -> None:
@@ -64,15 +64,7 @@ class OracleFirstFinishPolicy(OracleLFSPolicy):
         g = req.group
         if g.group_id not in self._revealed:
             self._revealed[g.group_id] = self.reveal(g, req.generated)
-        self._rekey(g)
-
-    def on_chunk_end(self, req: RequestState) -> None:
-        self._rekey(req.group)
-
-    def _rekey(self, g: GroupState) -> None:
-        for r in g.requests:
-            if r.in_buffer:
-                self._push(r)
+        super().on_request_finished(req)
 
     def _push(self, req: RequestState) -> None:
         key = (-(self.group_length(req.group) - req.generated), req.enqueue_seq)

@@ -56,3 +56,19 @@ class OracleLFSPolicy(Policy):
 
     def _pop(self) -> RequestState | None:
         return self._heap.peek(lambda r, t, _: self._live(r, t))
+
+
+class GroupKeyedOraclePolicy(OracleLFSPolicy):
+    """An oracle whose keys depend on what a request's group has revealed: its buffered
+    requests are re-keyed (`_push` again) whenever one of the group's chunks ends."""
+
+    def on_request_finished(self, req: RequestState) -> None:
+        self._rekey(req.group)
+
+    def on_chunk_end(self, req: RequestState) -> None:
+        self._rekey(req.group)
+
+    def _rekey(self, g: GroupState) -> None:
+        for r in g.requests:
+            if r.in_buffer:
+                self._push(r)
