@@ -10,7 +10,7 @@ of the rollout it keeps those consistent with it,
 - whose siblings' longest length is at least `M`, the most tokens any sibling of this request
   has generated (finished or not);
 - while a sibling has finished: whose siblings' shortest length is within `CONDITIONAL_WIDTH` of
-  the shortest finished sibling `s`; before that: whose siblings' shortest length exceeds `m`,
+  the shortest finished sibling `s` (as `oracle_conditional_max`); before that: whose siblings' shortest length exceeds `m`,
   the least tokens any sibling has generated,
 
 and keys the request by the `quantile` (option, default 0.995) of their remaining lengths
@@ -33,11 +33,11 @@ from typing import Any
 
 import numpy as np
 
+from seer_jax.analysis.policies.first_finish import CONDITIONAL_WIDTH
 from seer_jax.analysis.policies.oracle_lfs import GroupKeyedOraclePolicy
 from seer_jax.errors import ConfigError
 from seer_jax.rollout.policies.base import GroupState, RequestState
 
-CONDITIONAL_WIDTH = 1.3  # "similar shortest sibling": within this factor
 MIN_MATCHES = 5  # fewer consistent requests than this: the request counts as unknown
 DEFAULT_QUANTILE = 0.995
 
@@ -53,7 +53,6 @@ class OracleConditionalQuantilePolicy(GroupKeyedOraclePolicy):
         self._sib_min = np.zeros(0)
         self._sib_max = np.zeros(0)
         self._cache: dict[tuple[int, int | None, int, int], float] = {}
-        self._stamp: dict[str, int] = {}  # request_id -> its newest heap entry
 
     def bind(self, groups: Sequence[GroupState], options: dict[str, Any]) -> None:
         super().bind(groups, options)  # self._true: request_id -> true length
@@ -109,10 +108,4 @@ class OracleConditionalQuantilePolicy(GroupKeyedOraclePolicy):
 
     def _push(self, req: RequestState) -> None:
         v = self.conditional_remaining(*self.evidence(req), req.max_tokens)
-        # re-keying pushes a second entry under the same buffer token: only the newest is live
-        self._stamp[req.request_id] = stamp = self._stamp.get(req.request_id, 0) + 1
-        self._heap.push((-v, req.generated, req.enqueue_seq), req, extra=stamp)
-
-    def _pop(self) -> RequestState | None:
-        return self._heap.peek(
-            lambda r, t, v: self._live(r, t) and v == self._stamp[r.request_id])
+        self._heap.push((-v, req.generated, req.enqueue_seq), req)

@@ -68,10 +68,7 @@ class OracleFirstFinishPolicy(GroupKeyedOraclePolicy):
 
     def _push(self, req: RequestState) -> None:
         key = (-(self.group_length(req.group) - req.generated), req.enqueue_seq)
-        self._heap.push(key, req, extra=req.group.version)
-
-    def _pop(self) -> RequestState | None:
-        return self._heap.peek(lambda r, t, v: self._live(r, t) and v == r.group.version)
+        self._heap.push(key, req)
 
 
 class OracleConditionalMaxPolicy(OracleFirstFinishPolicy):

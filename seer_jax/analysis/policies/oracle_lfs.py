@@ -60,7 +60,8 @@ class OracleLFSPolicy(Policy):
 
 class GroupKeyedOraclePolicy(OracleLFSPolicy):
     """An oracle whose keys depend on what a request's group has revealed: its buffered
-    requests are re-keyed (`_push` again) whenever one of the group's chunks ends."""
+    requests are re-keyed whenever one of the group's chunks ends (only the newest key of each
+    is live)."""
 
     def on_request_finished(self, req: RequestState) -> None:
         self._rekey(req.group)
@@ -71,4 +72,4 @@ class GroupKeyedOraclePolicy(OracleLFSPolicy):
     def _rekey(self, g: GroupState) -> None:
         for r in g.requests:
             if r.in_buffer:
-                self._push(r)
+                self._repush(r)

@@ -174,6 +174,13 @@ class Policy(abc.ABC):
         self.size += 1
         self._push(req)
 
+    def _repush(self, req: RequestState) -> None:
+        """Re-key a buffered request (its key changed): a fresh buffer token kills the heap
+        entries pushed for it before."""
+        self._tokens += 1
+        req.buffer_token = self._tokens
+        self._push(req)
+
     def pop(self) -> RequestState | None:
         """The next request to run, removed from the buffer; None when the buffer is empty."""
         if self.size == 0:
