@@ -49,12 +49,12 @@ from seer_jax.engine.engine import EngineConfig, KVBlob  # noqa: E402
 from seer_jax.model.config import tiny_config  # noqa: E402
 from seer_jax.model.llama import init_params  # noqa: E402
 from seer_jax.provenance import run_info  # noqa: E402
-from seer_jax.rollout.concurrent_driver import FaultPlan  # noqa: E402
-from seer_jax.rollout.engine_instance import make_engine_instances  # noqa: E402
-from seer_jax.rollout.kv_pool import HostKVPool  # noqa: E402
-from seer_jax.rollout.ray_cluster import RayBackendConfig, ensure_ray  # noqa: E402
-from seer_jax.rollout.run import rollout  # noqa: E402
-from seer_jax.rollout.types import SamplingParams  # noqa: E402
+from seer_jax.rollout.backends.engine_instance import make_engine_instances  # noqa: E402
+from seer_jax.rollout.backends.kv_pool import HostKVPool  # noqa: E402
+from seer_jax.rollout.backends.ray_cluster import RayBackendConfig, ensure_ray  # noqa: E402
+from seer_jax.rollout.core.concurrent_driver import FaultPlan  # noqa: E402
+from seer_jax.rollout.core.run import rollout  # noqa: E402
+from seer_jax.rollout.core.types import SamplingParams  # noqa: E402
 
 
 def model_config(hidden: int, layers: int):
@@ -140,7 +140,7 @@ def pool_transfer(ray, pool, sizes_mib):
 def mooncake_transfer(ray, sizes_mib):
     """`pool_transfer` through Mooncake Store on a loopback master; None when not installed."""
     from seer_jax.errors import ConfigError
-    from seer_jax.rollout.mooncake_pool import LoopbackMaster, MooncakeKVPool
+    from seer_jax.rollout.backends.mooncake_pool import LoopbackMaster, MooncakeKVPool
 
     try:
         master = LoopbackMaster()
@@ -220,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
     backend = RayBackendConfig(object_store_mb=400, pin_cpus=not args.shared_cores,
                                env={"XLA_FLAGS": "--xla_force_host_platform_device_count=1"})
     ray = ensure_ray(backend, min_cpus=4)
-    from seer_jax.rollout.ray_instance import make_ray_instances
+    from seer_jax.rollout.backends.ray_group import make_ray_instances
 
     t0 = time.perf_counter()
     group = make_ray_instances(CFG, params, num_instances=2, tp=1, engine_config=ENGINE,

@@ -66,8 +66,8 @@ def generate_rollouts(mix: str, num_groups: int, group_size: int, max_tokens: in
     from seer_jax.analysis.drafting_replay import GroupRollout
     from seer_jax.engine.engine import Engine, EngineConfig
     from seer_jax.model import load
-    from seer_jax.rollout.prompts import prompt_set
-    from seer_jax.rollout.types import SamplingParams
+    from seer_jax.rollout.core.prompts import prompt_set
+    from seer_jax.rollout.core.types import SamplingParams
 
     cfg, params, tok = load("smollm2")
     items = prompt_set(mix)[:num_groups]

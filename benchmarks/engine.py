@@ -47,7 +47,7 @@ class Workload:
 
 def make_workload(tok, eos_ids, num_prompts: int, group_size: int, min_tokens: int, max_tokens: int,
                   seed: int) -> Workload:
-    from seer_jax.rollout.prompts import prompt_set
+    from seer_jax.rollout.core.prompts import prompt_set
 
     items = prompt_set("natural")[:num_prompts]
     chats = [tok.encode_chat([{"role": "user", "content": it.text}]) for it in items]
@@ -73,7 +73,7 @@ def useful_len(row: list[int], max_tokens: int, eos_ids: tuple[int, ...]) -> int
 def run_engine(cfg, params, wl: Workload, args, seed_offset: int = 0) -> dict:
     from seer_jax.engine import model_runner
     from seer_jax.engine.engine import Engine, EngineConfig
-    from seer_jax.rollout.types import SamplingParams
+    from seer_jax.rollout.core.types import SamplingParams
 
     ecfg = EngineConfig(page_size=args.page_size, max_num_seqs=args.max_num_seqs,
                         max_num_batched_tokens=args.max_num_batched_tokens,
@@ -106,7 +106,7 @@ def run_engine(cfg, params, wl: Workload, args, seed_offset: int = 0) -> dict:
 
 def run_reference(cfg, params, wl: Workload, args) -> dict:
     from seer_jax.model.generate import generate
-    from seer_jax.rollout.types import SamplingParams
+    from seer_jax.rollout.core.types import SamplingParams
 
     sps = [SamplingParams(temperature=args.temperature, seed=s) for s in wl.seeds]
     t0 = time.perf_counter()

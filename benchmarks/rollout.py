@@ -32,7 +32,7 @@ def main(argv=None) -> int:
     wall = time.perf_counter() - t0
     from rich.console import Console
 
-    from seer_jax.rollout.report import print_comparison
+    from seer_jax.rollout.core.report import print_comparison
 
     reports = {pol: o.report for pol, o in result.outputs.items()}
     print_comparison(reports, result.summary["baseline"], Console())

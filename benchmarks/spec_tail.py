@@ -32,8 +32,8 @@ def load_groups(path, num_groups):
 
 def generate_groups(cfg, params, tok, num_groups, group_size, max_tokens, mix):
     from seer_jax.engine.engine import Engine, EngineConfig
-    from seer_jax.rollout.prompts import prompt_set
-    from seer_jax.rollout.types import SamplingParams
+    from seer_jax.rollout.core.prompts import prompt_set
+    from seer_jax.rollout.core.types import SamplingParams
 
     items = prompt_set(mix)[:num_groups]
     eng = Engine(cfg, params, EngineConfig(kv_memory_gib=1.0, max_num_seqs=64))
@@ -49,7 +49,7 @@ def run_tail(cfg, params, groups, k, speculation, cost):
     from seer_jax.drafting.service import InProcessDraftService
     from seer_jax.engine.engine import Engine, EngineConfig
     from seer_jax.engine.speculation import Speculator
-    from seer_jax.rollout.types import SamplingParams
+    from seer_jax.rollout.core.types import SamplingParams
 
     spec = None
     if speculation:

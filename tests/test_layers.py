@@ -2,8 +2,10 @@
 
 Layers, lowest first (a module may import its own layer and any lower one):
 errors/config_files -> pallas, costs -> model -> drafting -> engine -> rollout -> sim ->
-analysis -> integrations -> commands/cli. Imports under `if TYPE_CHECKING:` are annotations
-only and do not count; imports inside functions do.
+analysis -> integrations -> commands/cli. Inside rollout, `rollout.core` (controller, policies,
+drivers) imports nothing else of `rollout` (no backend, no config/api) and none of
+ray/mooncake/jax: it drives instances through its `Instance` interface only. Imports under
+`if TYPE_CHECKING:` are annotations only and do not count; imports inside functions do.
 """
 
 from __future__ import annotations
@@ -50,9 +52,17 @@ def _type_checking_only(node: ast.If) -> bool:
         isinstance(t, ast.Attribute) and t.attr == "TYPE_CHECKING")
 
 
-def imports_of(tree: ast.AST, package: str) -> set[str]:
-    """Modules of `package` imported anywhere in `tree` except under `if TYPE_CHECKING:`."""
+CORE = "seer_jax.rollout.core"
+CORE_FORBIDDEN_THIRD_PARTY = {"ray", "mooncake", "jax", "jaxlib", "flax"}
+
+
+def imports_of(tree: ast.AST, package: str | None) -> set[str]:
+    """Modules of `package` (every module when None) imported anywhere in `tree` except under
+    `if TYPE_CHECKING:`."""
     out: set[str] = set()
+
+    def ours(name: str) -> bool:
+        return package is None or name.split(".")[0] == package
 
     def visit(node: ast.AST) -> None:
         if isinstance(node, ast.If) and _type_checking_only(node):
@@ -60,9 +70,9 @@ def imports_of(tree: ast.AST, package: str) -> set[str]:
                 visit(child)
             return
         if isinstance(node, ast.Import):
-            out.update(a.name for a in node.names if a.name.split(".")[0] == package)
+            out.update(a.name for a in node.names if ours(a.name))
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            if node.module.split(".")[0] == package:
+            if ours(node.module):
                 out.add(node.module)
                 # `from seer_jax.sim import simulator` imports the submodule
                 out.update(f"{node.module}.{a.name}" for a in node.names)
@@ -85,6 +95,24 @@ def import_graph(root: pathlib.Path) -> dict[str, set[str]]:
 def layer_violations(graph: dict[str, set[str]]) -> list[str]:
     return sorted(f"{a} (layer {layer_of(a)}) imports {b} (layer {layer_of(b)})"
                   for a, deps in graph.items() for b in deps if layer_of(b) > layer_of(a))
+
+
+def core_violations(root: pathlib.Path) -> list[str]:
+    """Modules of `rollout.core` importing another part of `rollout` (a backend, config, api)
+    or a backend library (ray, mooncake, jax)."""
+    out = []
+    core_dir = root / "rollout" / "core"
+    for path in sorted(core_dir.rglob("*.py")) if core_dir.exists() else []:
+        name = module_name(path, root)
+        found = imports_of(ast.parse(path.read_text()), None)
+        # `from a.b import c` also lists a.b.c (c may be a module): report a.b only
+        for m in sorted(m for m in found if not any(m.startswith(f + ".") for f in found)):
+            top = m.split(".")[0]
+            if m.startswith(f"{root.name}.rollout") and not (m == CORE or m.startswith(CORE + ".")):
+                out.append(f"{name} imports {m} (rollout.core imports only rollout.core)")
+            elif top in CORE_FORBIDDEN_THIRD_PARTY:
+                out.append(f"{name} imports {m} (rollout.core imports no backend library)")
+    return out
 
 
 def cycles(graph: dict[str, set[str]]) -> list[tuple[str, ...]]:
@@ -128,6 +156,10 @@ def test_layers_import_only_downwards():
     assert layer_violations(import_graph(PACKAGE)) == []
 
 
+def test_rollout_core_imports_no_backend():
+    assert core_violations(PACKAGE) == []
+
+
 def test_no_import_cycles():
     assert cycles(import_graph(PACKAGE)) == []
 
@@ -151,13 +183,35 @@ def test_the_check_catches_a_backwards_import_and_a_cycle(tmp_path):
         layer_of("seer_jax.nowhere.x")
 
 
+def test_the_check_catches_core_importing_a_backend(tmp_path):
+    pkg = tmp_path / "seer_jax"
+    for sub in ("rollout", "rollout/core", "rollout/backends"):
+        (pkg / sub).mkdir(parents=True)
+        (pkg / sub / "__init__.py").write_text("")
+    (pkg / "rollout" / "backends" / "ray_pool.py").write_text("import ray\n")
+    (pkg / "rollout" / "core" / "types.py").write_text("import dataclasses\n")
+    (pkg / "rollout" / "core" / "controller.py").write_text(
+        "from seer_jax.rollout.core import types\n"
+        "def f():\n    from seer_jax.rollout.backends.ray_pool import RayKVPool\n")
+    (pkg / "rollout" / "core" / "driver.py").write_text("import jax.numpy as jnp\n")
+    (pkg / "rollout" / "core" / "run.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import ray\n"
+        "from seer_jax.rollout import config\n")
+    assert core_violations(pkg) == [
+        "seer_jax.rollout.core.controller imports seer_jax.rollout.backends.ray_pool "
+        "(rollout.core imports only rollout.core)",
+        "seer_jax.rollout.core.driver imports jax.numpy (rollout.core imports no backend library)",
+        "seer_jax.rollout.core.run imports seer_jax.rollout (rollout.core imports only rollout.core)"]
+
+
 def test_the_controller_simulator_and_configs_import_without_jax():
     """The CLI sets the fake-device count before JAX starts; that only works while the config,
     controller, policy and simulator modules do not import JAX themselves."""
     import subprocess
     import sys
 
-    code = ("import sys, seer_jax.analysis.policies, seer_jax.rollout.api, seer_jax.sim.simulator, "
+    code = ("import sys, seer_jax.analysis.policies, seer_jax.rollout.api, seer_jax.rollout.config, "
+            "seer_jax.rollout.core.run, seer_jax.sim.simulator, "
             "seer_jax.commands.rollout, seer_jax.cli; print('jax' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"

@@ -1,6 +1,6 @@
 """Rollout benchmark, `natural` mix: math word problems and reasoning questions."""
 
-from seer_jax.rollout.api import bench_config
+from seer_jax.rollout.config import bench_config
 
 
 def get_config():

@@ -1,6 +1,6 @@
 """Rollout benchmark, `structured` mix: output length differs strongly by prompt (long tail)."""
 
-from seer_jax.rollout.api import bench_config
+from seer_jax.rollout.config import bench_config
 
 
 def get_config():

@@ -7,7 +7,7 @@ responses), where divided rollout and context-aware scheduling matter. On the CP
 times the premise does not hold (a step costs about the same whatever it holds).
 """
 
-from seer_jax.rollout.api import default_config
+from seer_jax.rollout.config import default_config
 
 
 def get_config():

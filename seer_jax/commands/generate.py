@@ -41,7 +41,7 @@ def parse_ids(text: str) -> list[int]:
 def run(args: argparse.Namespace) -> int:
     from seer_jax.model import load
     from seer_jax.model.generate import generate
-    from seer_jax.rollout.types import SamplingParams
+    from seer_jax.rollout.core.types import SamplingParams
 
     if args.max_tokens < 1:
         raise InputError(f"--max-tokens must be >= 1, got {args.max_tokens}")

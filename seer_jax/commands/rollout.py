@@ -32,7 +32,8 @@ def run(args: argparse.Namespace) -> int:
 
     from seer_jax.analysis.policies import CATALOG
     from seer_jax.config_files import load_config_file
-    from seer_jax.rollout.api import run_rollout, validate_config
+    from seer_jax.rollout.api import run_rollout
+    from seer_jax.rollout.config import validate_config
 
     cfg = load_config_file(args.config, args.config_overrides)
     if args.compare:
@@ -57,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
     finally:
         if bar is not None:
             bar.stop()
-    from seer_jax.rollout.report import print_comparison, print_report, wide_console
+    from seer_jax.rollout.core.report import print_comparison, print_report, wide_console
 
     out = wide_console()
     out.print(f"[bold]time model[/bold]: {time_model_line(cfg)}")

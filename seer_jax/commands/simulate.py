@@ -62,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
     if args.compare:
         cfg.policies = args.compare
     sim.validate_config(cfg, CATALOG)
-    from seer_jax.rollout.report import wide_console
+    from seer_jax.rollout.core.report import wide_console
 
     console = wide_console()
     work = sim.build_workload(cfg)

@@ -19,9 +19,9 @@ from seer_jax.errors import ConfigError
 from seer_jax.model.config import ModelConfig
 from seer_jax.model.llama import LOGICAL_AXES, param_shapes
 from seer_jax.model.sharding import ShardingRules
-from seer_jax.rollout.controller import ControllerConfig
-from seer_jax.rollout.policies import CATALOG, default_policy_options
-from seer_jax.rollout.ray_cluster import RayBackendConfig
+from seer_jax.rollout.backends.ray_cluster import RayBackendConfig
+from seer_jax.rollout.core.controller import ControllerConfig
+from seer_jax.rollout.core.policies import CATALOG, default_policy_options
 
 PLATFORMS = ("cpu", "gpu", "tpu")
 MODEL_DIM_KEYS = ("architecture", "vocab_size", "hidden_size", "intermediate_size", "num_layers",

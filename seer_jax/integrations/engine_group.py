@@ -30,8 +30,8 @@ from seer_jax.integrations.weight_sync import reshard_params
 from seer_jax.model.config import ModelConfig
 from seer_jax.model.llama import Params
 from seer_jax.model.sharding import ShardingRules
-from seer_jax.rollout.controller import request_seed
-from seer_jax.rollout.types import SamplingParams
+from seer_jax.rollout.core.controller import request_seed
+from seer_jax.rollout.core.types import SamplingParams
 
 log = logging.getLogger(__name__)
 
@@ -177,8 +177,8 @@ class EngineGroup:
                                   f"{sorted(set(group_sizes))}")
             return None
         if self._instances is None:
-            from seer_jax.rollout.engine_instance import EngineInstance
-            from seer_jax.rollout.kv_pool import HostKVPool
+            from seer_jax.rollout.backends.engine_instance import EngineInstance
+            from seer_jax.rollout.backends.kv_pool import HostKVPool
 
             pool = HostKVPool()
             self._instances = [EngineInstance(i, e, pool) for i, e in enumerate(self.engines)]

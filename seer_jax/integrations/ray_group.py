@@ -1,6 +1,6 @@
 """The trainer seam (`generate_groups` + `update_params`, as `EngineGroup`) over Ray actors.
 
-`RayEngineGroup` starts one engine actor per mesh slice (`seer_jax.rollout.ray_instance`) and runs
+`RayEngineGroup` starts one engine actor per mesh slice (`seer_jax.rollout.backends.ray_group`) and runs
 every rollout through the controller with the `concurrent` driver (every actor with work steps at
 once), the KV of chunks that move between actors going through the object-store pool. Weights go
 to the actors through the object store: put once as host arrays, applied by every actor between
@@ -25,8 +25,8 @@ from seer_jax.engine.engine import EngineConfig
 from seer_jax.integrations.engine_group import GroupResponse, check_group_sizes
 from seer_jax.model.config import ModelConfig
 from seer_jax.model.llama import Params
-from seer_jax.rollout.ray_cluster import RayBackendConfig
-from seer_jax.rollout.types import SamplingParams
+from seer_jax.rollout.backends.ray_cluster import RayBackendConfig
+from seer_jax.rollout.core.types import SamplingParams
 
 
 class RayEngineGroup:
@@ -37,7 +37,7 @@ class RayEngineGroup:
                  policy: str = "seer", controller_config: dict[str, Any] | None = None,
                  policy_options: dict[str, Any] | None = None,
                  ray_backend: RayBackendConfig | None = None):
-        from seer_jax.rollout.ray_instance import make_ray_instances
+        from seer_jax.rollout.backends.ray_group import make_ray_instances
 
         self.cfg = cfg
         self.policy = policy
@@ -67,7 +67,7 @@ class RayEngineGroup:
     def generate_groups(self, prompts: Sequence[Sequence[int]], group_sizes: Sequence[int],
                         sampling: SamplingParams, max_tokens: int, seed: int = 0) -> list[GroupResponse]:
         """Sample prompt g group_sizes[g] times; responses in (group, sample) order."""
-        from seer_jax.rollout.run import rollout
+        from seer_jax.rollout.core.run import rollout
 
         check_group_sizes(prompts, group_sizes)
         if not prompts:
@@ -91,7 +91,7 @@ class RayEngineGroup:
 def _host_params(params: Params) -> Params:
     """Host numpy copies (what the object store holds). Tunix syncs weights under a transfer
     guard on CPU; reaching the actors needs the host copy, so it is allowed here."""
-    from seer_jax.rollout.ray_instance import numpy_params
+    from seer_jax.rollout.backends.ray_actor import numpy_params
 
     with jax.transfer_guard("allow"):
         return numpy_params(params)

@@ -48,8 +48,8 @@ from seer_jax.integrations.tunix_models import family_of, model_config_from_tuni
 from seer_jax.integrations.weight_sync import ParamMapping, state_to_params
 from seer_jax.model.config import ModelConfig
 from seer_jax.model.sharding import ShardingRules
-from seer_jax.rollout.ray_cluster import RayBackendConfig
-from seer_jax.rollout.types import SamplingParams
+from seer_jax.rollout.backends.ray_cluster import RayBackendConfig
+from seer_jax.rollout.core.types import SamplingParams
 
 # auto/engine/api: engines in this process (see EngineGroup); ray: one Ray actor per slice
 BACKENDS = ("auto", "engine", "api", "ray")

@@ -1,4 +1,4 @@
-"""A simulated inference instance implementing `seer_jax.rollout.instance.Instance`.
+"""A simulated inference instance implementing `seer_jax.rollout.core.instance.Instance`.
 
 It behaves like a continuous-batching engine (vLLM / our JAX engine) without a model:
 - KV capacity in pages of `page_size` tokens; a running request holds ceil(context / page_size)
@@ -38,8 +38,8 @@ from collections.abc import Callable, Mapping
 import numpy as np
 
 from seer_jax.errors import ConfigError, SeerError
-from seer_jax.rollout.instance import InstanceLostError, KVPool
-from seer_jax.rollout.types import ChunkRequest, ChunkResult, InstanceLoad, StepReport
+from seer_jax.rollout.core.instance import InstanceLostError, KVPool
+from seer_jax.rollout.core.types import ChunkRequest, ChunkResult, InstanceLoad, StepReport
 
 StepTimeFn = Callable[[int, int, int, int], float]
 

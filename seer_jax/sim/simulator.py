@@ -17,8 +17,8 @@ import numpy as np
 
 from seer_jax import costs as cm
 from seer_jax.errors import ConfigError
-from seer_jax.rollout.policies import CATALOG, Hindsight, PolicyCatalog
-from seer_jax.rollout.policies.base import options_for
+from seer_jax.rollout.core.policies import CATALOG, Hindsight, PolicyCatalog
+from seer_jax.rollout.core.policies.base import options_for
 from seer_jax.sim import workloads as wl
 from seer_jax.sim.config import (  # noqa: F401 (the simulator's public API)
     build_accelerator,
@@ -61,7 +61,7 @@ class SimRun:
     label: str
     policy: str
     speculation: bool
-    report: Any  # seer_jax.rollout.report.RolloutReport
+    report: Any  # seer_jax.rollout.core.report.RolloutReport
     latencies: np.ndarray  # [num_responses] seconds
     steps: np.ndarray  # [num_steps, 4]: instance, start_s, end_s, batch size
     num_instances: int
@@ -162,10 +162,10 @@ def simulate(
 ) -> SimRun:
     """Run the real controller with `policy` over simulated instances; returns the run and its
     `RolloutReport` (same metrics as `seer-jax rollout`)."""
-    from seer_jax.rollout.controller import Controller
-    from seer_jax.rollout.driver import EmulatedClusterDriver
-    from seer_jax.rollout.kv_pool import HostKVPool
-    from seer_jax.rollout.report import build_report
+    from seer_jax.rollout.backends.kv_pool import HostKVPool
+    from seer_jax.rollout.core.controller import Controller
+    from seer_jax.rollout.core.driver import EmulatedClusterDriver
+    from seer_jax.rollout.core.report import build_report
     from seer_jax.sim.spec_instance import FastSimInstance, GroupProgress
 
     policy_list(policy, catalog)

@@ -41,7 +41,7 @@ import numpy as np
 
 from seer_jax.drafting.budget import BudgetConfig, SpeculationBudget
 from seer_jax.drafting.calibration import SpecCalibration, bucket_of
-from seer_jax.rollout.types import ChunkResult, StepReport
+from seer_jax.rollout.core.types import ChunkResult, StepReport
 from seer_jax.sim.instance import (
     EOS_TOKEN_ID,
     FIRST_PSEUDO_TOKEN_ID,

@@ -115,9 +115,9 @@ class Workload:
 
 
 def length_icc(lengths: Sequence[float], groups: Sequence, log: bool = True) -> float:
-    """One-way ANOVA ICC(1) of lengths grouped by prompt (`seer_jax.rollout.report.length_icc`),
+    """One-way ANOVA ICC(1) of lengths grouped by prompt (`seer_jax.rollout.core.report.length_icc`),
     0.0 where it is undefined (fewer than 2 groups, no replication, no spread)."""
-    from seer_jax.rollout.report import length_icc as report_icc
+    from seer_jax.rollout.core.report import length_icc as report_icc
 
     icc = report_icc(lengths, groups, log)
     return 0.0 if icc is None else icc

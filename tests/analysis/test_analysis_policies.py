@@ -10,7 +10,7 @@ from seer_jax.analysis.policies import CATALOG, Hindsight
 from seer_jax.analysis.policies.conditional_quantile import MIN_MATCHES
 from seer_jax.analysis.policies.seer_prompt_oracle import lognormal_remaining_quantile as rq
 from seer_jax.errors import ConfigError
-from seer_jax.rollout.policies import RequestState
+from seer_jax.rollout.core.policies import RequestState
 from tests.rollout.test_policies import MAX, bound, drain, make_groups, run_chunk
 
 

@@ -13,7 +13,7 @@ from seer_jax.model.config import tiny_config
 from seer_jax.model.generate import full_forward, generate
 from seer_jax.model.llama import init_params
 from seer_jax.model.sharding import make_mesh
-from seer_jax.rollout.types import SamplingParams
+from seer_jax.rollout.core.types import SamplingParams
 
 CFG = tiny_config(num_heads=4, num_kv_heads=2, eos_token_ids=())
 PARAMS = init_params(CFG, seed=11)

@@ -15,7 +15,7 @@ from seer_jax.engine.speculation import Speculator
 from seer_jax.model.config import tiny_config
 from seer_jax.model.generate import full_forward, generate
 from seer_jax.model.llama import init_params
-from seer_jax.rollout.types import SamplingParams
+from seer_jax.rollout.core.types import SamplingParams
 
 pytestmark = pytest.mark.slow  # engines or a cluster: make test runs these, test-fast does not
 

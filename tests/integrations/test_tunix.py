@@ -14,7 +14,7 @@ from seer_jax.integrations.nnx_actor import TunixLlama, masked_forward
 from seer_jax.integrations.weight_sync import params_on, reshard_array, state_to_params
 from seer_jax.model.config import tiny_config
 from seer_jax.model.generate import full_forward, generate
-from seer_jax.rollout.types import SamplingParams
+from seer_jax.rollout.core.types import SamplingParams
 from tests.integrations.tunix_tiny import flat_np, grpo_cluster, grpo_step
 
 pytestmark = pytest.mark.slow  # engines or a cluster: make test runs these, test-fast does not

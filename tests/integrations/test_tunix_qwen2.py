@@ -10,7 +10,7 @@ import pytest
 
 from seer_jax.engine.engine import EngineConfig
 from seer_jax.model.generate import full_forward, generate
-from seer_jax.rollout.types import SamplingParams
+from seer_jax.rollout.core.types import SamplingParams
 from tests.integrations.tunix_tiny import (
     flat_np,
     grpo_cluster,

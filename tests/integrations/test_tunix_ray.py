@@ -9,7 +9,7 @@ import pytest
 
 from seer_jax.engine.engine import EngineConfig
 from seer_jax.model.generate import generate
-from seer_jax.rollout.types import SamplingParams
+from seer_jax.rollout.core.types import SamplingParams
 from tests.integrations.tunix_tiny import tunix_model
 
 pytest.importorskip("tunix")
@@ -26,7 +26,7 @@ def ray_backend():
     pytest.importorskip("ray", reason="Ray is not installed (pip install 'seer-jax[ray]')")
     import ray
 
-    from seer_jax.rollout.ray_cluster import RayBackendConfig, ensure_ray
+    from seer_jax.rollout.backends.ray_cluster import RayBackendConfig, ensure_ray
 
     backend = RayBackendConfig(step_timeout_s=120.0, object_store_mb=200, num_cpus=4)
     ensure_ray(backend)

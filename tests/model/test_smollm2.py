@@ -80,7 +80,7 @@ def test_engine_greedy_equals_reference_generator(smollm2, tp):
     from seer_jax.engine.engine import Engine, EngineConfig
     from seer_jax.model.generate import generate
     from seer_jax.model.sharding import make_mesh
-    from seer_jax.rollout.types import SamplingParams
+    from seer_jax.rollout.core.types import SamplingParams
 
     _, cfg, params, tok = smollm2
     texts = ["What is the capital of France?", "List three colors.", "Count from one to five.",

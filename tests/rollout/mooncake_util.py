@@ -11,7 +11,7 @@ import pytest
 @contextlib.contextmanager
 def loopback_master_or_skip():
     from seer_jax.errors import ConfigError
-    from seer_jax.rollout.mooncake_pool import LoopbackMaster
+    from seer_jax.rollout.backends.mooncake_pool import LoopbackMaster
 
     try:
         master = LoopbackMaster()

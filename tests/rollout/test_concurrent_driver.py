@@ -8,12 +8,12 @@ import pytest
 
 from seer_jax.errors import ConfigError
 from seer_jax.model.generate import generate
-from seer_jax.rollout.api import default_config, validate_config
-from seer_jax.rollout.concurrent_driver import FaultPlan
-from seer_jax.rollout.engine_instance import make_engine_instances
-from seer_jax.rollout.kv_pool import HostKVPool
-from seer_jax.rollout.run import rollout
-from seer_jax.rollout.types import SamplingParams
+from seer_jax.rollout.backends.engine_instance import make_engine_instances
+from seer_jax.rollout.backends.kv_pool import HostKVPool
+from seer_jax.rollout.config import default_config, validate_config
+from seer_jax.rollout.core.concurrent_driver import FaultPlan
+from seer_jax.rollout.core.run import rollout
+from seer_jax.rollout.core.types import SamplingParams
 from tests.rollout.tiny_rollout import CFG, ENGINE, GROUPS, PARAMS  # noqa: E402
 
 pytestmark = pytest.mark.slow  # engines or a cluster: make test runs these, test-fast does not

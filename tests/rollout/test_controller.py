@@ -10,10 +10,10 @@ from rich.console import Console
 
 from seer_jax.analysis.policies import CATALOG, Hindsight
 from seer_jax.errors import ConfigError, InputError, SeerError
-from seer_jax.rollout.controller import Controller, ControllerConfig, request_seed
-from seer_jax.rollout.driver import EmulatedClusterDriver, WallClockDriver
-from seer_jax.rollout.kv_pool import HostKVPool
-from seer_jax.rollout.report import (
+from seer_jax.rollout.backends.kv_pool import HostKVPool
+from seer_jax.rollout.core.controller import Controller, ControllerConfig, request_seed
+from seer_jax.rollout.core.driver import EmulatedClusterDriver, WallClockDriver
+from seer_jax.rollout.core.report import (
     compare_summary,
     length_icc,
     print_comparison,
@@ -21,7 +21,7 @@ from seer_jax.rollout.report import (
     tail_time,
     top_share,
 )
-from seer_jax.rollout.run import rollout
+from seer_jax.rollout.core.run import rollout
 from seer_jax.sim.instance import SimulatedInstance, expected_output, make_sim_instances
 
 POLICIES = ["seer", "group_round_robin", "request_fcfs", "oracle_lfs"]

@@ -13,9 +13,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from seer_jax.analysis.policies import CATALOG, Hindsight
-from seer_jax.rollout.kv_pool import HostKVPool
-from seer_jax.rollout.run import rollout
-from seer_jax.rollout.types import ChunkResult
+from seer_jax.rollout.backends.kv_pool import HostKVPool
+from seer_jax.rollout.core.run import rollout
+from seer_jax.rollout.core.types import ChunkResult
 from seer_jax.sim.instance import expected_output, make_sim_instances
 
 DIVIDED = ("seer", "request_fcfs", "oracle_lfs", "oracle_group_lfs", "seer_running_oracle")

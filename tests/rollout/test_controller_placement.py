@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from seer_jax.rollout.placement import InstanceSlot, choose_instance
+from seer_jax.rollout.core.placement import InstanceSlot, choose_instance
 
 
 def slots(in_flight, reserved=None, total=100):

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from seer_jax.errors import ConfigError
-from seer_jax.rollout.kv_pool import HostKVPool
+from seer_jax.rollout.backends.kv_pool import HostKVPool
 
 
 @pytest.fixture(scope="module")
@@ -24,7 +24,7 @@ def make_pool(request):
     if request.param == "host":
         yield HostKVPool
         return
-    from seer_jax.rollout.mooncake_pool import MooncakeKVPool
+    from seer_jax.rollout.backends.mooncake_pool import MooncakeKVPool
 
     master = request.getfixturevalue("mooncake_master")
     made = []

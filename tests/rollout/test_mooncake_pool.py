@@ -11,10 +11,10 @@ import pytest
 
 from seer_jax.errors import ConfigError
 from seer_jax.model.generate import generate
-from seer_jax.rollout.engine_instance import make_engine_instances
-from seer_jax.rollout.mooncake_pool import MooncakeConfig, MooncakeKVPool, require_mooncake
-from seer_jax.rollout.run import rollout
-from seer_jax.rollout.types import SamplingParams
+from seer_jax.rollout.backends.engine_instance import make_engine_instances
+from seer_jax.rollout.backends.mooncake_pool import MooncakeConfig, MooncakeKVPool, require_mooncake
+from seer_jax.rollout.core.run import rollout
+from seer_jax.rollout.core.types import SamplingParams
 from tests.rollout.tiny_rollout import CFG, ENGINE, GROUPS, PARAMS
 
 
@@ -49,7 +49,7 @@ def test_config_errors_name_key_value_allowed(kwargs, msg):
 
 
 def test_mooncake_config_keys(monkeypatch):
-    from seer_jax.rollout.api import default_config, validate_config
+    from seer_jax.rollout.config import default_config, validate_config
 
     c = default_config()
     c.kv_pool, c.mooncake_master = "mooncake", "127.0.0.1:5000"
@@ -67,7 +67,8 @@ def test_mooncake_config_keys(monkeypatch):
 
 
 def test_a_run_without_a_master_address_starts_a_loopback_master(master):
-    from seer_jax.rollout.api import _KVPools, default_config
+    from seer_jax.rollout.api import _KVPools
+    from seer_jax.rollout.config import default_config
 
     c = default_config()
     c.kv_pool = "mooncake"
@@ -84,7 +85,7 @@ def test_a_run_without_a_master_address_starts_a_loopback_master(master):
 
 
 def test_dropped_blobs_leave_the_store_and_keys_are_never_reused(master):
-    from seer_jax.rollout.mooncake_pool import _client
+    from seer_jax.rollout.backends.mooncake_pool import _client
 
     store = _client(master.config)
     a, b = MooncakeKVPool(master.config, 100), MooncakeKVPool(master.config, 100)

@@ -6,8 +6,8 @@ import pytest
 
 from seer_jax.analysis.policies import CATALOG, Hindsight
 from seer_jax.errors import ConfigError
-from seer_jax.rollout.policies import POLICIES, GroupState, RequestState, make_policy
-from seer_jax.rollout.types import SamplingParams
+from seer_jax.rollout.core.policies import POLICIES, GroupState, RequestState, make_policy
+from seer_jax.rollout.core.types import SamplingParams
 
 MAX = 1000
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from seer_jax.errors import ConfigError, InputError
-from seer_jax.rollout.prompts import PROMPT_SETS, load_jsonl, prompt_set, prompt_texts
+from seer_jax.rollout.core.prompts import PROMPT_SETS, load_jsonl, prompt_set, prompt_texts
 
 
 @pytest.mark.parametrize("name", PROMPT_SETS)

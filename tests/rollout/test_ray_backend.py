@@ -13,13 +13,13 @@ import pytest
 from seer_jax.errors import ConfigError, SeerError
 from seer_jax.model.generate import generate
 from seer_jax.model.llama import init_params
-from seer_jax.rollout.concurrent_driver import FaultPlan
-from seer_jax.rollout.engine_instance import make_engine_instances
-from seer_jax.rollout.instance import InstanceLostError
-from seer_jax.rollout.kv_pool import HostKVPool
-from seer_jax.rollout.ray_cluster import RayBackendConfig, require_ray
-from seer_jax.rollout.run import rollout
-from seer_jax.rollout.types import ChunkRequest, SamplingParams
+from seer_jax.rollout.backends.engine_instance import make_engine_instances
+from seer_jax.rollout.backends.kv_pool import HostKVPool
+from seer_jax.rollout.backends.ray_cluster import RayBackendConfig, require_ray
+from seer_jax.rollout.core.concurrent_driver import FaultPlan
+from seer_jax.rollout.core.instance import InstanceLostError
+from seer_jax.rollout.core.run import rollout
+from seer_jax.rollout.core.types import ChunkRequest, SamplingParams
 from tests.rollout.tiny_rollout import CFG, ENGINE, GROUPS, PARAMS  # noqa: E402
 
 pytestmark = pytest.mark.slow  # engines or a cluster: make test runs these, test-fast does not
@@ -31,7 +31,7 @@ GREEDY = SamplingParams(temperature=0.0)
 @pytest.fixture(scope="module")
 def ray_cluster():
     ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'seer-jax[ray]')")
-    from seer_jax.rollout.ray_cluster import ensure_ray
+    from seer_jax.rollout.backends.ray_cluster import ensure_ray
 
     ensure_ray(RayBackendConfig(object_store_mb=200, num_cpus=8))
     yield ray
@@ -49,7 +49,7 @@ def backend(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def actors(ray_cluster, backend):
-    from seer_jax.rollout.ray_instance import make_ray_instances
+    from seer_jax.rollout.backends.ray_group import make_ray_instances
 
     # each actor pinned to its own core (bundle k -> core k mod cpus)
     group = make_ray_instances(CFG, PARAMS, num_instances=2, tp=1, engine_config=ENGINE,
@@ -131,7 +131,7 @@ def test_migrated_kv_moves_through_the_object_store(actors, reference):
 
 
 def test_pool_capacity_evicts_and_the_request_reprefills(ray_cluster, actors, reference):
-    from seer_jax.rollout.ray_pool import RayKVPool
+    from seer_jax.rollout.backends.ray_pool import RayKVPool
 
     actors.pool_capacity_bytes = 1  # smaller than any blob: nothing stays in the pool
     try:
@@ -169,7 +169,7 @@ def test_weight_sync_changes_the_next_rollout_to_the_new_weights(actors, referen
 
 
 def test_killed_actor_requests_are_redispatched_exactly_once(ray_cluster, backend, reference):
-    from seer_jax.rollout.ray_instance import make_ray_instances
+    from seer_jax.rollout.backends.ray_group import make_ray_instances
 
     group = make_ray_instances(CFG, PARAMS, num_instances=2, tp=1, engine_config=ENGINE,
                                backend=backend)
@@ -198,7 +198,7 @@ def test_killed_actor_requests_are_redispatched_exactly_once(ray_cluster, backen
 
 
 def test_raising_and_hung_actors_are_lost_and_their_chunks_rerun(ray_cluster, backend, reference):
-    from seer_jax.rollout.ray_instance import make_ray_instances
+    from seer_jax.rollout.backends.ray_group import make_ray_instances
 
     group = make_ray_instances(CFG, PARAMS, num_instances=3, tp=1, engine_config=ENGINE,
                                backend=backend)
@@ -221,7 +221,7 @@ def test_two_host_slice_matches_inprocess_tp2(ray_cluster, backend, reference):
     same greedy tokens as tp=2 in this process after a weight sync; chunks continue through the
     KV pool; reset reaches both hosts; a follower that dies loses the whole slice and the KV its
     leader wrote."""
-    from seer_jax.rollout.ray_instance import make_ray_instances
+    from seer_jax.rollout.backends.ray_group import make_ray_instances
 
     group = make_ray_instances(CFG, PARAMS, num_instances=1, tp=2, engine_config=ENGINE,
                                backend=dataclasses.replace(backend, hosts_per_slice=2))
@@ -263,7 +263,7 @@ def test_two_host_slice_matches_inprocess_tp2(ray_cluster, backend, reference):
 
 def test_writer_killed_after_its_kv_put_the_blob_is_lost_and_reprefilled(ray_cluster, backend,
                                                                           reference):
-    from seer_jax.rollout.ray_instance import make_ray_instances
+    from seer_jax.rollout.backends.ray_group import make_ray_instances
 
     group = make_ray_instances(CFG, PARAMS, num_instances=2, tp=1, engine_config=ENGINE,
                                backend=backend)
@@ -302,7 +302,7 @@ class _JoinBeforeDispatch:
 
 def test_reader_killed_while_importing_kv_is_replaced_with_the_current_weights(ray_cluster,
                                                                                backend):
-    from seer_jax.rollout.ray_instance import make_ray_instances
+    from seer_jax.rollout.backends.ray_group import make_ray_instances
 
     new = init_params(CFG, seed=12)
     expect = generate(new, CFG, GROUPS, 30)
@@ -342,8 +342,8 @@ def test_reader_killed_while_importing_kv_is_replaced_with_the_current_weights(r
 
 
 def test_actors_share_a_mooncake_store_pool(ray_cluster, backend, reference):
-    from seer_jax.rollout.mooncake_pool import MooncakeKVPool
-    from seer_jax.rollout.ray_instance import make_ray_instances
+    from seer_jax.rollout.backends.mooncake_pool import MooncakeKVPool
+    from seer_jax.rollout.backends.ray_group import make_ray_instances
     from tests.rollout.mooncake_util import loopback_master_or_skip
 
     with loopback_master_or_skip() as master:
@@ -364,7 +364,7 @@ def test_actors_share_a_mooncake_store_pool(ray_cluster, backend, reference):
 
 
 def test_replacing_lost_multi_host_slices_is_refused():
-    from seer_jax.rollout.ray_instance import make_ray_instances
+    from seer_jax.rollout.backends.ray_group import make_ray_instances
 
     with pytest.raises(ConfigError, match=r"replace_lost=True is invalid with hosts_per_slice=2; "
                                           r"allowed: replace_lost=False .* or hosts_per_slice=1"):
@@ -391,7 +391,7 @@ def test_host_pool_imports_what_the_proxy_resolved_and_only_the_leader_writes():
     """Each host of a multi-host slice reads the blob the proxy resolved (any backend's
     `fetch`), once; the leader alone reports reads and writes (the kv_load fault hook reads
     through the same `get`)."""
-    from seer_jax.rollout.ray_instance import _HostPool
+    from seer_jax.rollout.backends.ray_actor import _HostPool
 
     for leader in (True, False):
         base = _RecordingPool()

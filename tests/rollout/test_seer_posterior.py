@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 from scipy import special
 
 from seer_jax.errors import ConfigError
-from seer_jax.rollout.policies import GroupState, RequestState, make_policy
-from seer_jax.rollout.policies.length_model import (
+from seer_jax.rollout.core.policies import GroupState, RequestState, make_policy
+from seer_jax.rollout.core.policies.length_model import (
     WIDE,
     GroupLengthModel,
     LengthParams,

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from seer_jax.errors import ConfigError, SeerError
-from seer_jax.rollout.instance import Instance, InstanceLostError
-from seer_jax.rollout.kv_pool import HostKVPool
-from seer_jax.rollout.types import ChunkRequest, SamplingParams
+from seer_jax.rollout.backends.kv_pool import HostKVPool
+from seer_jax.rollout.core.instance import Instance, InstanceLostError
+from seer_jax.rollout.core.types import ChunkRequest, SamplingParams
 from seer_jax.sim.instance import (
     EOS_TOKEN_ID,
     RooflineStepTime,

@@ -93,7 +93,7 @@ def test_macro_steps_match_exact_steps(monkeypatch):
     # (Policy.wants_progress); a macro step reports progress only at its end, up to 64 tokens
     # later, so its fits see other censoring points and on a workload this small the schedule
     # moves (10% here). With progress reads off it is exact again:
-    from seer_jax.rollout.policies.seer import SeerPolicy
+    from seer_jax.rollout.core.policies.seer import SeerPolicy
 
     monkeypatch.setattr(SeerPolicy, "wants_progress", lambda self: False)
     exact = simulate(_cfg(*base, "--config.cluster.macro_steps=1"), "seer")

@@ -13,7 +13,7 @@ from seer_jax.analysis.policies.oracle_group_lfs import OracleGroupLFSPolicy
 from seer_jax.analysis.policies.oracle_lfs import OracleLFSPolicy
 from seer_jax.analysis.policies.seer_prompt_oracle import SeerPromptOraclePolicy
 from seer_jax.analysis.policies.seer_running_oracle import SeerRunningOraclePolicy
-from seer_jax.rollout.policies import POLICIES, Hindsight, PolicyCatalog
+from seer_jax.rollout.core.policies import POLICIES, Hindsight, PolicyCatalog
 
 ANALYSIS_POLICIES = {
     cls.name: cls

@@ -36,7 +36,7 @@ import numpy as np
 from seer_jax.analysis.policies.first_finish import CONDITIONAL_WIDTH
 from seer_jax.analysis.policies.oracle_lfs import GroupKeyedOraclePolicy
 from seer_jax.errors import ConfigError
-from seer_jax.rollout.policies.base import GroupState, RequestState
+from seer_jax.rollout.core.policies.base import GroupState, RequestState
 
 MIN_MATCHES = 5  # fewer consistent requests than this: the request counts as unknown
 DEFAULT_QUANTILE = 0.995

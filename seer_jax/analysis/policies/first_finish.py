@@ -30,7 +30,7 @@ from typing import Any
 
 from seer_jax.analysis.policies.oracle_group_lfs import group_longest
 from seer_jax.analysis.policies.oracle_lfs import GroupKeyedOraclePolicy
-from seer_jax.rollout.policies.base import GroupState, RequestState
+from seer_jax.rollout.core.policies.base import GroupState, RequestState
 
 CONDITIONAL_WIDTH = 1.3  # oracle_conditional_max: "similar shortest" = within this factor
 CONDITIONAL_MIN_GROUPS = 4  # ... and at least this many such groups, else max_tokens

@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from seer_jax.analysis.policies.oracle_lfs import OracleLFSPolicy
-from seer_jax.rollout.policies.base import GroupState
+from seer_jax.rollout.core.policies.base import GroupState
 
 
 def group_longest(groups: Sequence[GroupState], true: Mapping[str, int]) -> dict[str, int]:

@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from seer_jax.errors import ConfigError
-from seer_jax.rollout.policies.base import GroupState, LazyHeap, Policy, RequestState
+from seer_jax.rollout.core.policies.base import GroupState, LazyHeap, Policy, RequestState
 
 
 def true_lengths(policy: str, requests: Sequence[RequestState],

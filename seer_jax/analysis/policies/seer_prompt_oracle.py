@@ -25,8 +25,8 @@ from statistics import NormalDist
 from typing import Any
 
 from seer_jax.errors import ConfigError
-from seer_jax.rollout.policies.base import GroupState
-from seer_jax.rollout.policies.seer import SeerPolicy, posterior_options
+from seer_jax.rollout.core.policies.base import GroupState
+from seer_jax.rollout.core.policies.seer import SeerPolicy, posterior_options
 
 _NORMAL = NormalDist()
 

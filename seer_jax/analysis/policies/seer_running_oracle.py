@@ -19,8 +19,8 @@ from typing import Any
 from seer_jax.analysis.policies.oracle_group_lfs import group_longest
 from seer_jax.analysis.policies.oracle_lfs import true_lengths
 from seer_jax.errors import ConfigError
-from seer_jax.rollout.policies.base import GroupState
-from seer_jax.rollout.policies.seer import SeerPolicy, posterior_options
+from seer_jax.rollout.core.policies.base import GroupState
+from seer_jax.rollout.core.policies.seer import SeerPolicy, posterior_options
 
 
 class SeerRunningOraclePolicy(SeerPolicy):

@@ -24,8 +24,8 @@ from seer_jax.engine.engine import Engine, EngineConfig, KVBlob
 from seer_jax.errors import ConfigError, SeerError
 from seer_jax.model.config import ModelConfig
 from seer_jax.model.llama import Params
-from seer_jax.rollout.instance import KVPool
-from seer_jax.rollout.types import ChunkRequest, ChunkResult, InstanceLoad, StepReport
+from seer_jax.rollout.core.instance import KVPool
+from seer_jax.rollout.core.types import ChunkRequest, ChunkResult, InstanceLoad, StepReport
 
 StepTimeFn = Callable[[int, int, int, int], float]
 

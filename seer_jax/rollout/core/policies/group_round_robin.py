@@ -9,7 +9,7 @@ keeps the buffer first-come-first-served (it matters only after an instance is l
 
 from __future__ import annotations
 
-from seer_jax.rollout.policies.request_fcfs import RequestFCFSPolicy
+from seer_jax.rollout.core.policies.request_fcfs import RequestFCFSPolicy
 
 
 class GroupRoundRobinPolicy(RequestFCFSPolicy):

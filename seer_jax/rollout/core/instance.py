@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from typing import Protocol, runtime_checkable
 
 from seer_jax.errors import SeerError
-from seer_jax.rollout.types import ChunkRequest, InstanceLoad, StepReport
+from seer_jax.rollout.core.types import ChunkRequest, InstanceLoad, StepReport
 
 
 @runtime_checkable

@@ -27,7 +27,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar
 
 from seer_jax.errors import ConfigError
-from seer_jax.rollout.types import FinishReason, SamplingParams
+from seer_jax.rollout.core.types import FinishReason, SamplingParams
 
 
 @dataclasses.dataclass(eq=False)

@@ -40,7 +40,7 @@ import numpy as np
 from seer_jax.errors import ConfigError
 
 if TYPE_CHECKING:
-    from seer_jax.rollout.policies.base import GroupState, RequestState
+    from seer_jax.rollout.core.policies.base import GroupState, RequestState
 
 _SQRT2 = math.sqrt(2.0)
 _LOG2 = math.log(2.0)

@@ -7,13 +7,18 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from seer_jax.errors import ConfigError
-from seer_jax.rollout.concurrent_driver import ConcurrentDriver
-from seer_jax.rollout.controller import Controller, ControllerConfig, ProgressFn, ResponseResult
-from seer_jax.rollout.driver import make_driver
-from seer_jax.rollout.instance import Instance, KVPool
-from seer_jax.rollout.policies import Policy
-from seer_jax.rollout.report import RolloutReport, build_report
-from seer_jax.rollout.types import SamplingParams
+from seer_jax.rollout.core.concurrent_driver import ConcurrentDriver
+from seer_jax.rollout.core.controller import (
+    Controller,
+    ControllerConfig,
+    ProgressFn,
+    ResponseResult,
+)
+from seer_jax.rollout.core.driver import make_driver
+from seer_jax.rollout.core.instance import Instance, KVPool
+from seer_jax.rollout.core.policies import Policy
+from seer_jax.rollout.core.report import RolloutReport, build_report
+from seer_jax.rollout.core.types import SamplingParams
 
 
 @dataclasses.dataclass

@@ -48,8 +48,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from seer_jax.errors import ConfigError
-from seer_jax.rollout.policies.base import GroupState, LazyHeap, Policy, RequestState
-from seer_jax.rollout.policies.length_model import GroupLengthModel, LengthParams
+from seer_jax.rollout.core.policies.base import GroupState, LazyHeap, Policy, RequestState
+from seer_jax.rollout.core.policies.length_model import GroupLengthModel, LengthParams
 
 ESTIMATORS = ("first_finisher", "posterior", "max_finished")
 DEFER = 0.375  # first_finisher: deferral, in rollouts' request counts

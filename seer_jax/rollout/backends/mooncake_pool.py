@@ -44,7 +44,7 @@ import uuid
 from typing import Any
 
 from seer_jax.errors import ConfigError, SeerError
-from seer_jax.rollout.ray_pool import PoolDirectory, RayKVPoolStats
+from seer_jax.rollout.backends.ray_pool import PoolDirectory, RayKVPoolStats
 
 INSTALL_HINT = ("pip install 'seer-jax[mooncake]' and the Debian libraries libibverbs1 "
                 "libnl-3-200 libnl-route-3-200 libcurl4 libnuma1")

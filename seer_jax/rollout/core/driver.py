@@ -27,11 +27,11 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from seer_jax.errors import ConfigError, SeerError
-from seer_jax.rollout.instance import InstanceLostError
-from seer_jax.rollout.types import ChunkResult
+from seer_jax.rollout.core.instance import InstanceLostError
+from seer_jax.rollout.core.types import ChunkResult
 
 if TYPE_CHECKING:
-    from seer_jax.rollout.controller import Controller
+    from seer_jax.rollout.core.controller import Controller
 
 
 @dataclasses.dataclass

@@ -51,12 +51,12 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from seer_jax.errors import ConfigError, SeerError
-from seer_jax.rollout.driver import InstanceTimeline, _DriverBase
-from seer_jax.rollout.instance import Instance, InstanceLostError
-from seer_jax.rollout.types import StepReport
+from seer_jax.rollout.core.driver import InstanceTimeline, _DriverBase
+from seer_jax.rollout.core.instance import Instance, InstanceLostError
+from seer_jax.rollout.core.types import StepReport
 
 if TYPE_CHECKING:
-    from seer_jax.rollout.controller import Controller
+    from seer_jax.rollout.core.controller import Controller
 
 
 FAULT_WHEN = ("chunks", "kv_put", "kv_load")

@@ -3,14 +3,14 @@
 What it does: a batch of groups (one prompt, G responses each) becomes G
 requests per group; a request runs as a sequence of *chunks* of at most `chunk_size` new tokens
 (`max_new_tokens = min(chunk_size, original_max_tokens - generated)`). Between chunks the request
-waits in the *request buffer*, ordered by the policy (`seer_jax.rollout.policies`), and its KV
-lives in the global KV pool (`seer_jax.rollout.kv_pool`); placement
-(`seer_jax.rollout.placement`) picks the instance for each chunk. Each response is returned once
+waits in the *request buffer*, ordered by the policy (`seer_jax.rollout.core.policies`), and its KV
+lives in the global KV pool (`seer_jax.rollout.backends.kv_pool`); placement
+(`seer_jax.rollout.core.placement`) picks the instance for each chunk. Each response is returned once
 with its tokens, logprobs, finish reason and timing.
 
 Plugging instances in
 ---------------------
-An instance is anything implementing `seer_jax.rollout.instance.Instance` (`now`, `set_now`,
+An instance is anything implementing `seer_jax.rollout.core.instance.Instance` (`now`, `set_now`,
 `submit`, `has_work`, `step`, `load`, `resident_tokens`, `abort`, attribute `instance_id`).
 Contract the controller relies on:
 - ids are 0..N-1 in list order; `load()` reports the KV page capacity (`total_kv_pages`,
@@ -27,7 +27,7 @@ Contract the controller relies on:
 - a lost instance raises `InstanceLostError` from `step()` or `submit()` (or the caller calls
   `Controller.on_instance_lost`); its chunks are re-dispatched elsewhere from the last pool copy
   (or by re-prefill), so every request is still returned exactly once;
-- time: the controller never reads a clock. Drivers (`seer_jax.rollout.driver`) step instances
+- time: the controller never reads a clock. Drivers (`seer_jax.rollout.core.driver`) step instances
   and hand it the time: `EmulatedClusterDriver` (each instance on its own virtual clock advanced
   by its step durations: measured, or a cost model) and `WallClockDriver` (real time).
 Under KV-budget admission the controller submits a chunk only when the pages already reserved
@@ -48,10 +48,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from seer_jax.errors import ConfigError, InputError, SeerError
-from seer_jax.rollout.instance import Instance, InstanceLostError, KVPool  # noqa: F401
-from seer_jax.rollout.placement import InstanceSlot, choose_instance, least_loaded_order
-from seer_jax.rollout.policies import POLICIES, GroupState, Policy, RequestState, make_policy
-from seer_jax.rollout.types import (
+from seer_jax.rollout.core.instance import Instance, InstanceLostError, KVPool  # noqa: F401
+from seer_jax.rollout.core.placement import InstanceSlot, choose_instance, least_loaded_order
+from seer_jax.rollout.core.policies import POLICIES, GroupState, Policy, RequestState, make_policy
+from seer_jax.rollout.core.types import (
     ChunkRequest,
     ChunkResult,
     FinishReason,
@@ -195,7 +195,7 @@ class Controller:
     """Turns groups into chunks, places them on instances and collects the responses.
 
     Drive it with `start(now)`, then repeatedly: step instances, `on_chunk_result(result, now)`
-    for every ended chunk, `dispatch(now)`; until `done`. Drivers in `seer_jax.rollout.driver`.
+    for every ended chunk, `dispatch(now)`; until `done`. Drivers in `seer_jax.rollout.core.driver`.
     """
 
     def __init__(

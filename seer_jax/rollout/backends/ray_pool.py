@@ -28,7 +28,7 @@ import dataclasses
 import time
 from typing import Any
 
-from seer_jax.rollout.kv_pool import HostKVPool, KVPoolStats
+from seer_jax.rollout.backends.kv_pool import HostKVPool, KVPoolStats
 
 GET_TIMEOUT_S = 60.0  # a blob not fetched in this long counts as lost (re-prefill)
 

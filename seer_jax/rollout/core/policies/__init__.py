@@ -9,16 +9,16 @@ from __future__ import annotations
 
 import ml_collections
 
-from seer_jax.rollout.policies.base import (
+from seer_jax.rollout.core.policies.base import (
     GroupState,
     Hindsight,
     Policy,
     PolicyCatalog,
     RequestState,
 )
-from seer_jax.rollout.policies.group_round_robin import GroupRoundRobinPolicy
-from seer_jax.rollout.policies.request_fcfs import RequestFCFSPolicy
-from seer_jax.rollout.policies.seer import SeerPolicy
+from seer_jax.rollout.core.policies.group_round_robin import GroupRoundRobinPolicy
+from seer_jax.rollout.core.policies.request_fcfs import RequestFCFSPolicy
+from seer_jax.rollout.core.policies.seer import SeerPolicy
 
 POLICIES: dict[str, type[Policy]] = {
     cls.name: cls for cls in (SeerPolicy, GroupRoundRobinPolicy, RequestFCFSPolicy)

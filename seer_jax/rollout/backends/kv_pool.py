@@ -16,7 +16,7 @@ Behaviour:
 
 Other backends (`RayKVPool`: Ray object store; `MooncakeKVPool`: Mooncake Store) keep this
 bookkeeping over their own references and implement the same three methods of
-`seer_jax.rollout.instance.KVPool`; `stats()` is optional (the report reads it when present).
+`seer_jax.rollout.core.instance.KVPool`; `stats()` is optional (the report reads it when present).
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ first-come-first-served (a request whose chunk ended goes to the back of the lin
 
 from __future__ import annotations
 
-from seer_jax.rollout.policies.base import LazyHeap, Policy, RequestState
+from seer_jax.rollout.core.policies.base import LazyHeap, Policy, RequestState
 
 
 class RequestFCFSPolicy(Policy):

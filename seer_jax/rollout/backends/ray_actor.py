@@ -1,0 +1,233 @@
+"""The engine actor of one mesh slice (or of one host of a multi-host slice): `EngineActor`.
+
+One actor per slice owns an `EngineInstance` on the devices its process sees (on a dev box: `tp`
+fake CPU devices set through the actor's environment before jax is imported). What reaches an
+actor is plain data: the `ModelConfig` and `EngineConfig` dataclasses, and the weights either as
+numpy arrays through the object store (put once, shared by every actor) or as a path the actor
+loads itself. No model code is pickled: the actor imports it.
+
+Multi-host slices (`RayBackendConfig.hosts_per_slice` = H > 1): a slice is H actors, one per
+host bundle, that join one `jax.distributed` cluster (the leader, host 0, picks a free port on
+its node; the others connect to it) and build the same engine over the global mesh of all their
+devices. The followers return a digest of each step's report (`report_digest`), which the proxy
+checks against the leader's. Only the leader writes KV to the pool (`_HostPool`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from seer_jax.engine.engine import EngineConfig
+from seer_jax.errors import SeerError
+from seer_jax.model.config import ModelConfig
+from seer_jax.rollout.backends.ray_cluster import pin_to_cpu_core
+from seer_jax.rollout.core.instance import KVPool
+from seer_jax.rollout.core.types import ChunkRequest, InstanceLoad, StepReport
+
+ACTOR_FAULTS = ("raise", "hang", "kill_on_kv_load")
+Weights = Mapping[str, Any] | str  # a params tree of arrays, or a model name/path to load
+
+
+@dataclasses.dataclass
+class ActorSnapshot:
+    now: float
+    has_work: bool
+    load: InstanceLoad
+    resident: dict[str, int]  # group_id -> tokens of its prompt cached on the actor
+    progress: dict[str, int]
+    params_version: int
+    pid: int
+
+
+def numpy_params(params: Mapping[str, Any]) -> dict[str, Any]:
+    """A params tree as host numpy arrays (what goes into the object store)."""
+    return {k: numpy_params(v) if isinstance(v, Mapping) else np.asarray(v)
+            for k, v in params.items()}
+
+
+class EngineActor:
+    """The actor's class (wrapped with `ray.remote` by `make_ray_instances`)."""
+
+    def __init__(self, instance_id: int, cfg: ModelConfig, weights: Weights, dtype: str,
+                 engine_config: EngineConfig, tp: int, pool: KVPool,
+                 eos_ids: tuple[int, ...] | None, record_steps: bool, params_version: int = 0,
+                 host: int = 0, hosts: int = 1):
+        """params_version: the version of `weights` (a replacement starts at the group's);
+        host, hosts: this actor's place in a slice of `hosts` actors; with hosts > 1 nothing
+        touches jax here (`jax.distributed` must start first): `join` builds the engine once
+        every host of the slice has started."""
+        pin_to_cpu_core()  # RayBackendConfig.pin_cpus, before XLA starts its thread pool
+        self.instance_id = instance_id
+        self.host, self.hosts, self.tp = host, hosts, tp
+        self.engine_config = engine_config
+        self.base_pool = pool
+        self.pool = _HostPool(pool, leader=host == 0) if hosts > 1 else pool
+        self.eos_ids = eos_ids
+        self.record_steps = record_steps
+        self.cfg, self.params, self.dtype = cfg, weights, dtype
+        self.params_version = params_version
+        self.fault: str | None = None
+        self.inst = None
+        if hosts == 1:
+            self.devices = self._local_devices()
+            self._build()
+
+    def _local_devices(self) -> list:
+        """This host's devices of the slice (loading the weights first when given a path)."""
+        import jax
+
+        devices = jax.local_devices()
+        per_host = self.tp // self.hosts
+        if len(devices) < per_host:
+            raise SeerError(f"actor {self.instance_id}/{self.host}: tp={self.tp} over {self.hosts} "
+                            f"host(s) needs {per_host} devices per host, this process sees "
+                            f"{len(devices)} ({devices[0].platform})")
+        if isinstance(self.params, str):
+            from seer_jax.model import load
+
+            self.cfg, self.params, _ = load(self.params, self.dtype)
+        return devices[:per_host]
+
+    def coordinator(self) -> str:
+        """(Leader) the `jax.distributed` coordinator address: this node's address and a port
+        free on it."""
+        import socket
+
+        import ray
+
+        with socket.socket() as s:
+            s.bind(("", 0))
+            port = s.getsockname()[1]
+        return f"{ray.util.get_node_ip_address()}:{port}"
+
+    def join(self, coordinator: str, timeout_s: int = 300) -> int:
+        """Join the slice's `jax.distributed` cluster (every host of the slice at once) and build
+        the engine over the global mesh of the slice's devices; returns the process index."""
+        import jax
+
+        if os.environ.get("JAX_PLATFORMS") == "cpu":
+            jax.config.update("jax_cpu_collectives_implementation", "gloo")
+        jax.distributed.initialize(coordinator_address=coordinator, num_processes=self.hosts,
+                                   process_id=self.host, initialization_timeout=timeout_s)
+        self._local_devices()
+        devices = jax.devices()
+        if len(devices) != self.tp:
+            raise SeerError(f"actor {self.instance_id}/{self.host}: the slice's {self.hosts} hosts "
+                            f"hold {len(devices)} devices; tp={self.tp} needs exactly that many")
+        self.devices = devices
+        self._build()
+        return jax.process_index()
+
+    def _build(self) -> None:
+        from jax.sharding import Mesh
+
+        from seer_jax.engine.engine import Engine
+        from seer_jax.rollout.backends.engine_instance import EngineInstance
+
+        mesh = Mesh(np.array(self.devices), ("tp",))
+        engine = Engine(self.cfg, self.params, self.engine_config, mesh=mesh, eos_ids=self.eos_ids)
+        self.inst = EngineInstance(self.instance_id, engine, self.pool,
+                                   record_steps=self.record_steps)
+        self.ran: set[str] = set()  # requests that had a chunk submitted here
+
+    def snapshot(self) -> ActorSnapshot:
+        inst = self.inst
+        return ActorSnapshot(
+            now=inst.now(), has_work=inst.has_work(), load=inst.load(),
+            resident={g: n for g in inst._prompts if (n := inst.resident_tokens("", g))},
+            progress=inst.running_progress(), params_version=self.params_version,
+            pid=os.getpid())
+
+    def submit(self, chunk: ChunkRequest, kv_refs: list | None = None) -> None:
+        """kv_refs (multi-host slices): the chunk's KV handle as the proxy resolved it, [ref] or
+        [] (missing), so that every host imports the same blob or none."""
+        if kv_refs is not None and chunk.kv_handle is not None:
+            self.pool.resolve(chunk.kv_handle, kv_refs)
+        if (self.fault == "kill_on_kv_load" and chunk.kv_handle is not None
+                and chunk.request_id not in self.ran):
+            # KV another actor wrote: the process dies once the blob is fetched, before the
+            # engine installs it
+            self.pool.get(chunk.kv_handle)
+            os._exit(1)
+        self.ran.add(chunk.request_id)
+        self.inst.submit(chunk)
+
+    def set_now(self, t: float) -> None:
+        self.inst.set_now(t)
+
+    def abort(self, request_id: str) -> None:
+        self.inst.abort(request_id)
+
+    def step(self) -> tuple[StepReport, ActorSnapshot] | tuple[tuple, None]:
+        """The leader's report and snapshot; a follower returns the digest of its report."""
+        if self.fault == "raise":
+            raise SeerError(f"injected fault on instance {self.instance_id}")
+        if self.fault == "hang":
+            time.sleep(3600)
+        rep = self.inst.step()
+        if self.host > 0:
+            return report_digest(rep), None
+        return rep, self.snapshot()
+
+    def inject_fault(self, kind: str) -> None:
+        """Fault injection for tests and demos: the next step raises ("raise") or hangs ("hang"),
+        or the process exits while importing KV that another actor wrote ("kill_on_kv_load")."""
+        if kind not in ACTOR_FAULTS:
+            raise SeerError(f"fault {kind!r} is unknown; allowed: {list(ACTOR_FAULTS)}")
+        self.fault = kind
+
+    def set_instance_id(self, instance_id: int) -> None:
+        self.instance_id = self.inst.instance_id = instance_id
+
+    def update_params(self, version: int, params: Mapping[str, Any]) -> int:
+        """New weights between steps; refused (SeerError) while chunks are in flight here."""
+        self.inst.engine.update_params(params)
+        self.params, self.params_version = params, version
+        return version
+
+    def reset(self, pool: KVPool | None = None, instance_id: int | None = None) -> ActorSnapshot:
+        """A fresh engine (empty caches, clock 0, empty step log) with the current weights, and
+        a new KV pool and instance id when given."""
+        self.base_pool = pool or self.base_pool
+        self.pool = (_HostPool(self.base_pool, leader=self.host == 0) if self.hosts > 1
+                     else self.base_pool)
+        self.instance_id = self.instance_id if instance_id is None else instance_id
+        self._build()
+        return self.snapshot()
+
+    def step_log(self) -> list:
+        return list(self.inst.step_log or [])
+
+
+def report_digest(rep: StepReport) -> tuple:
+    """What every host of a slice must agree on after a step: the tokens each chunk got."""
+    return tuple((r.request_id, tuple(r.new_token_ids), r.finish_reason) for r in rep.finished)
+
+
+
+class _HostPool:
+    """The KV pool as one host of a multi-host slice sees it: handles were resolved by the proxy
+    (`resolve`) so every host imports the same blob, and only the leader writes (every host holds
+    the same full KV of a finished chunk) and reports reads to the directory."""
+
+    def __init__(self, pool: Any, leader: bool):
+        self.pool, self.leader = pool, leader
+        self._resolved: dict[str, list] = {}
+
+    def resolve(self, handle: str, refs: list) -> None:
+        self._resolved[handle] = refs
+
+    def get(self, handle: str) -> object | None:
+        refs = self._resolved.pop(handle, [])
+        if not refs:
+            return None
+        return self.pool.fetch(handle, refs, report=self.leader)
+
+    def put(self, request_id: str, blob: object, nbytes: int) -> str:
+        return self.pool.put(request_id, blob, nbytes) if self.leader else ""
