@@ -13,6 +13,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", required=True, help="config file, e.g. configs/rollout/demo.py")
     p.add_argument("--compare", default=None, help="comma-separated policies (sets config.policies), e.g. seer,group_round_robin")
     p.add_argument("--json", dest="json_path", default=None, help="write the report JSON here")
+    p.add_argument("--resume", default=None, metavar="DIR",
+                   help="continue the rollout journaled in DIR (config.journal_dir of a run that "
+                        "stopped): finished responses are kept, unfinished ones continue")
     p.add_argument("--no-progress", action="store_true")
 
 
@@ -54,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
             return update
         bar.start()
     try:
-        result = run_rollout(cfg, progress, CATALOG)
+        result = run_rollout(cfg, progress, CATALOG, resume=args.resume)
     finally:
         if bar is not None:
             bar.stop()
@@ -77,7 +80,8 @@ def run(args: argparse.Namespace) -> int:
             "reports": {p: o.report.to_json() if hasattr(o.report, "to_json") else None
                         for p, o in result.outputs.items()},
             "responses": [{"request_id": r.request_id, "token_ids": r.token_ids, "text": r.text,
-                           "finish_reason": r.finish_reason} for r in first.results],
+                           "finish_reason": r.finish_reason, "logprobs": r.logprobs}
+                          for r in first.results],
         }
         with open(args.json_path, "w") as f:
             json.dump(report, f, indent=1, default=str)

@@ -46,6 +46,10 @@ class GroupResponse:
     finish_reason: str  # "eos" | "stop" | "length"
     policy_version: int
     instance: int | None = None
+    # [policy version, tokens] segments: the weights each run of tokens was generated under
+    # (several with carry-over; else one, this rollout's version)
+    weight_versions: list[list[int]] = dataclasses.field(default_factory=list)
+    group_id: str = ""  # the group's id across carry-over calls
 
 
 def detect_groups(prompts: Sequence[Sequence[int]]) -> list[tuple[int, int]]:
@@ -106,6 +110,7 @@ class EngineGroup:
         ]
         self.last_backend: str | None = None
         self._instances = None  # EngineInstances over self.engines, for the controller API
+        self.carry = None  # groups a partial rollout carries to the next (generate_groups_partial)
 
     # ------------------------------------------------------------------ weights
     def update_params(self, params: Params) -> int:
@@ -144,6 +149,51 @@ class EngineGroup:
         self.last_backend = "engine"
         return self._via_engines(prompts, group_sizes, sampling, max_tokens, seed, version)
 
+    def generate_groups_partial(self, prompts: Sequence[Sequence[int]], group_size: int,
+                                sampling: SamplingParams, max_tokens: int, target_groups: int,
+                                seed: int = 0) -> list[GroupResponse]:
+        """Partial rollout: start these groups and return once `target_groups` groups are
+        complete, counting groups carried from earlier calls; the unfinished ones carry into the
+        next call (their KV stays in the pool while the weights do not change). The groups
+        returned are not necessarily this call's: each response names its `group_id` and
+        `prompt_ids`, and records the policy versions its tokens were generated under. With no
+        prompts and `target_groups` 0, the carried groups are run to completion (a drain).
+        `group_index` is the group's index in this call's prompts, -1 for a carried group."""
+        from seer_jax.rollout.core.carry import CarryOver
+
+        if self.carry is None:
+            self.carry = CarryOver()
+        n = len(prompts) + len(self.carry)
+        if n == 0:
+            return []
+        check_group_sizes(prompts, [group_size] * len(prompts))
+        version = self.policy_version
+        ids = self.carry.new_group_ids(len(prompts))
+        out = self._controller_rollout(prompts, group_size, sampling, max_tokens, seed,
+                                       carry=self.carry, target_groups=target_groups or None,
+                                       weight_version=version)
+        index = {gid: g for g, gid in enumerate(ids)}
+        self.last_backend = "api"
+        return [GroupResponse(index.get(r.group_id, -1), r.sample_index, list(r.prompt_ids),
+                              list(r.token_ids), list(r.logprobs), r.finish_reason, version,
+                              r.instances[-1] if r.instances else None,
+                              [list(s) for s in r.weight_versions], r.group_id)
+                for r in out.results]
+
+    def _controller_rollout(self, prompts, group_size, sampling, max_tokens, seed, **kw):
+        if self._instances is None:
+            from seer_jax.rollout.backends.engine_instance import EngineInstance
+            from seer_jax.rollout.backends.kv_pool import HostKVPool
+
+            pool = HostKVPool()
+            self._instances = [EngineInstance(i, e, pool) for i, e in enumerate(self.engines)]
+        from seer_jax.rollout.api import rollout_groups
+
+        return rollout_groups(self._instances, [list(p) for p in prompts], group_size, max_tokens,
+                              dataclasses.replace(sampling, seed=seed), policy=self.policy,
+                              config={"chunk_size": max_tokens, **self.controller_config},
+                              policy_options=self.policy_options, **kw)
+
     def _via_engines(self, prompts, group_sizes, sampling, max_tokens, seed, version):
         load = [0] * len(self.engines)
         where: dict[str, tuple[int, int, int]] = {}
@@ -176,21 +226,12 @@ class EngineGroup:
                 raise ConfigError("backend='api' needs groups of one size, got "
                                   f"{sorted(set(group_sizes))}")
             return None
-        if self._instances is None:
-            from seer_jax.rollout.backends.engine_instance import EngineInstance
-            from seer_jax.rollout.backends.kv_pool import HostKVPool
-
-            pool = HostKVPool()
-            self._instances = [EngineInstance(i, e, pool) for i, e in enumerate(self.engines)]
-        from seer_jax.rollout.api import rollout_groups
-
-        out = rollout_groups(self._instances, [list(p) for p in prompts], group_sizes[0], max_tokens,
-                             dataclasses.replace(sampling, seed=seed), policy=self.policy,
-                             config={"chunk_size": max_tokens, **self.controller_config},
-                             policy_options=self.policy_options)
+        out = self._controller_rollout(prompts, group_sizes[0], sampling, max_tokens, seed,
+                                       weight_version=version)
         return [GroupResponse(r.group_index, r.sample_index, list(r.prompt_ids), list(r.token_ids),
                               list(r.logprobs), r.finish_reason, version,
-                              r.instances[-1] if r.instances else None)
+                              r.instances[-1] if r.instances else None,
+                              [list(s) for s in r.weight_versions], r.group_id)
                 for r in out.results]
 
 

@@ -173,6 +173,51 @@ class SeerRollout(base_rollout.BaseRollout):
             logprobs=logprobs if rollout_config.return_logprobs else None,
         )
 
+    def generate_partial(self, prompts: list[str], rollout_config: base_rollout.RolloutConfig,
+                         target_groups: int) -> list[GroupResponse]:
+        """Partial rollout across iterations (off unless called; `generate` stays on-policy).
+
+        Starts these prompts' groups (laid out as for `generate`: each prompt repeated G times)
+        and returns once `target_groups` groups are complete, counting groups carried from
+        earlier calls; the others carry into the next call, keeping their tokens (and their KV
+        while no `update_params` happened in between). Returns whole groups as `GroupResponse`s
+        (tokens with the final EOS, logprobs, `prompt_ids`, `group_id`, and `weight_versions`:
+        [policy version, tokens] segments), which may include groups of earlier calls: a trainer
+        using it matches rewards by `prompt_ids`/`group_id`, not by position. `target_groups` 0
+        with no prompts runs every carried group to completion. Needs an in-process backend."""
+        if not hasattr(self.group, "generate_groups_partial"):
+            raise ConfigError("generate_partial needs backend 'auto', 'engine' or 'api' (in "
+                              "process); backend='ray' has no carry-over")
+        prompt_ids = [self._tokenize(p) for p in prompts]
+        runs = detect_groups(prompt_ids)
+        sizes = {n for _, n in runs}
+        if len(sizes) > 1:
+            raise ConfigError(f"generate_partial needs groups of one size, got {sorted(sizes)}")
+        sampling = sampling_from_config(rollout_config)
+        stop = {int(t) for t in (rollout_config.eos_tokens or [self.eos_id()]) if t is not None}
+        sampling = dataclasses.replace(sampling, stop_token_ids=tuple(sorted(stop)))
+        responses = self.group.generate_groups_partial(
+            [prompt_ids[s] for s, _ in runs], sizes.pop() if sizes else 1, sampling,
+            rollout_config.max_tokens_to_generate, target_groups,
+            self._next_seed(rollout_config.seed))
+        self.last_responses = responses
+        self._last_sampling = sampling
+        self._recorded = {}
+        self._recorded_version = self.group.policy_version
+        for r in responses:  # only responses generated wholly under the current weights
+            if all(v == self._recorded_version for v, _ in r.weight_versions):
+                toks, lps = list(r.token_ids), list(r.logprobs)
+                if toks and toks[-1] in stop and r.finish_reason in ("eos", "stop"):
+                    toks, lps = toks[:-1], lps[:-1]
+                self._recorded.setdefault(tuple(r.prompt_ids), []).append((tuple(toks), lps))
+        return responses
+
+    @property
+    def carried_groups(self) -> int:
+        """Groups a partial rollout (`generate_partial`) holds for the next call."""
+        carry = getattr(self.group, "carry", None)
+        return 0 if carry is None else len(carry)
+
     def get_per_token_logps(self, prompt_tokens: jax.Array, completion_tokens: jax.Array) -> jax.Array:
         prompt = np.asarray(prompt_tokens, np.int32)
         completion = np.asarray(completion_tokens, np.int32)

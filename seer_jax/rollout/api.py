@@ -49,6 +49,8 @@ class RolloutRun:
     # duration s), over all instances; and the KV capacity of one instance in tokens
     step_logs: dict = dataclasses.field(default_factory=dict)
     kv_capacity_tokens: int = 0
+    # with a journal: its path, records and bytes written by this run, seconds spent writing
+    journal: dict | None = None
 
 
 def build_prompts(c, tokenizer) -> tuple[list[list[int]], list[str]]:
@@ -67,20 +69,31 @@ def build_prompts(c, tokenizer) -> tuple[list[list[int]], list[str]]:
 
 def run_rollout(c: ml_collections.ConfigDict,
                 progress: Callable[[str], Callable] | None = None,
-                catalog: PolicyCatalog = CATALOG) -> RolloutRun:
+                catalog: PolicyCatalog = CATALOG,
+                resume: str | os.PathLike | None = None) -> RolloutRun:
     """Run every policy of `c.policies` on the same prompts and seeds. A policy that needs true
-    lengths (an analysis oracle, from `catalog`) gets those of the first run."""
+    lengths (an analysis oracle, from `catalog`) gets those of the first run.
+
+    With `c.journal_dir` the rollout is journaled there (`seer_jax.rollout.core.journal`);
+    `resume`: the directory of a journal to continue (its fingerprint must match this config's):
+    finished responses are returned as recorded, unfinished ones continue after their recorded
+    tokens, and when every policy is recorded done no model or engine is loaded at all."""
     policies = validate_config(c, catalog)
     if c.backend == "inprocess":
         ensure_cpu_devices(c.num_instances * c.tp)
+    journal, state, prompts, tok = _open_journal(c, resume)
+    if state is not None and all(state.policy(p).done for p in policies):
+        journal.close()
+        return _restored_run(c, policies, prompts, state, tok)
     from seer_jax.engine.engine import EngineConfig
     from seer_jax.model import load
     from seer_jax.rollout.backends.engine_instance import make_engine_instances
-    from seer_jax.rollout.core.report import compare_summary
     from seer_jax.rollout.core.run import rollout
+    from seer_jax.rollout.resume import records_to_restore, restored_output
 
     cfg, params, tok = load(c.model, c.dtype)
-    prompts, _ = build_prompts(c, tok)
+    if prompts is None:
+        prompts, _ = build_prompts(c, tok)
     sampling = SamplingParams(temperature=c.temperature, top_p=c.top_p, top_k=c.top_k, seed=c.seed)
     engine_cfg = EngineConfig(**c.engine.to_dict())
     eos = tuple(cfg.eos_token_ids) or ((tok.eos_id,) if tok.eos_id is not None else ())
@@ -105,7 +118,13 @@ def run_rollout(c: ml_collections.ConfigDict,
         if outputs and hindsight.true_lengths is None:
             first = next(iter(outputs.values()))
             hindsight = Hindsight(true_lengths={r.request_id: len(r.token_ids) for r in first.results})
+        if state is not None and state.policy(policy).done:
+            outputs[policy] = restored_output(state, policy, prompts, c.group_size, tok.decode)
+            step_logs[policy] = []
+            continue
         pol = catalog.make(policy, hindsight)
+        journaled = {} if journal is None else {
+            "journal": journal.for_policy(policy), "restore": records_to_restore(state, policy)}
         if c.backend == "ray":
             ray_group = _ray_group(c, cfg, engine_cfg, eos, ray_group, pools.ray_factory())
             out = rollout(
@@ -115,7 +134,9 @@ def run_rollout(c: ml_collections.ConfigDict,
                 policy_options=options_for(pol, c.policy.to_dict()),
                 progress=progress(policy) if progress else None, detokenize=tok.decode,
                 fault=dataclasses.replace(fault) if fault else None,
-                replacer=ray_group.replacer())
+                replacer=ray_group.replacer(), **journaled)
+            if journal is not None:
+                journal.policy_done(out.report.to_json()["report"])
             outputs[policy] = out
             step_logs[policy] = ray_group.step_logs()
             load = ray_group.instances[0].load()
@@ -140,7 +161,9 @@ def run_rollout(c: ml_collections.ConfigDict,
             sampling=sampling, policy=pol, pool=pool, clock=c.clock,
             config=c.controller.to_dict(), policy_options=options_for(pol, c.policy.to_dict()),
             progress=progress(policy) if progress else None, detokenize=tok.decode,
-            fault=dataclasses.replace(fault) if fault else None)
+            fault=dataclasses.replace(fault) if fault else None, **journaled)
+        if journal is not None:
+            journal.policy_done(outputs[policy].report.to_json()["report"])
         step_logs[policy] = [row for inst in instances for row in inst.step_log]
         load = instances[0].load()
         kv_capacity = load.total_kv_pages * load.page_size
@@ -153,6 +176,17 @@ def run_rollout(c: ml_collections.ConfigDict,
     if ray_group is not None:
         ray_group.shutdown()
     pools.close()
+    run = _finish_run(c, policies, prompts, outputs, step_logs, kv_capacity)
+    if journal is not None:
+        journal.close()
+        run.journal = {"path": str(journal.path), "records": journal.records,
+                       "bytes": journal.bytes, "write_s": journal.write_s}
+    return run
+
+
+def _finish_run(c, policies, prompts, outputs, step_logs, kv_capacity) -> RolloutRun:
+    from seer_jax.rollout.core.report import compare_summary
+
     reports = {p: o.report for p, o in outputs.items()}
     baseline = c.baseline if c.baseline in reports else policies[0]
     summary = {"policies": compare_summary(reports, baseline), "baseline": baseline,
@@ -160,6 +194,37 @@ def run_rollout(c: ml_collections.ConfigDict,
     if c.trace_out:
         write_trace(c.trace_out, next(iter(outputs.values())).results)
     return RolloutRun(prompts, outputs, summary, step_logs, kv_capacity)
+
+
+def _open_journal(c: ml_collections.ConfigDict, resume):
+    """(journal writer, journal state being resumed, prompts, tokenizer) of a journaled run;
+    Nones for a run without a journal. The prompts are built with the tokenizer alone (no
+    weights), so a finished journal is returned without loading the model."""
+    directory = resume or c.journal_dir
+    if not directory:
+        return None, None, None, None
+    from seer_jax.model.hub import resolve_model
+    from seer_jax.model.tokenizer import Tokenizer
+    from seer_jax.rollout.core.journal import JournalWriter, check_fingerprint, read_journal
+    from seer_jax.rollout.resume import rollout_fingerprint
+
+    path = resolve_model(c.model)
+    tok = Tokenizer.load(path)
+    prompts, _ = build_prompts(c, tok)
+    fingerprint = rollout_fingerprint(c, prompts, path)
+    if not resume:
+        return JournalWriter(directory, fingerprint, fsync=c.journal_fsync), None, prompts, tok
+    state = read_journal(directory)
+    check_fingerprint(state.fingerprint, fingerprint, state.path)
+    return JournalWriter(directory, resume=state, fsync=c.journal_fsync), state, prompts, tok
+
+
+def _restored_run(c, policies, prompts, state, tok) -> RolloutRun:
+    """A rollout whose every policy the journal holds finished: its responses and reports."""
+    from seer_jax.rollout.resume import restored_output
+
+    outputs = {p: restored_output(state, p, prompts, c.group_size, tok.decode) for p in policies}
+    return _finish_run(c, policies, prompts, outputs, {p: [] for p in policies}, 0)
 
 
 class _KVPools:
@@ -233,13 +298,16 @@ def write_trace(path: str | pathlib.Path, results) -> None:
 
 def rollout_groups(engines: Sequence, prompts: list[list[int]], group_size: int, max_tokens: int,
                    sampling: SamplingParams, policy: str = "seer",
-                   config: dict | None = None, policy_options: dict | None = None):
+                   config: dict | None = None, policy_options: dict | None = None,
+                   carry=None, target_groups: int | None = None, weight_version: int = 0):
     """Run groups through existing `EngineInstance`s (e.g. kept alive by a trainer adapter).
     config: ControllerConfig fields (default chunk: the whole budget); policy_options: the
-    policy's own options."""
+    policy's own options. carry, target_groups: partial rollout across calls
+    (`seer_jax.rollout.core.carry.CarryOver`); weight_version: recorded with every token."""
     from seer_jax.rollout.core.run import rollout
 
     pool = engines[0].pool
     return rollout(prompts, group_size=group_size, max_tokens=max_tokens, instances=list(engines),
                    sampling=sampling, policy=policy, pool=pool,
-                   config=config or {"chunk_size": max_tokens}, policy_options=policy_options)
+                   config=config or {"chunk_size": max_tokens}, policy_options=policy_options,
+                   carry=carry, target_groups=target_groups, weight_version=weight_version)

@@ -62,6 +62,10 @@ def default_config() -> ml_collections.ConfigDict:
     c.mooncake_master = ""  # "host:port" of mooncake_master; "" = start one on 127.0.0.1
     c.mooncake_metadata_server = ""  # "http://host:port/metadata" (with mooncake_master)
     c.mooncake_segment_mb = 256  # host memory each process adds to the store
+    # journal the rollout here ("" = off): every finished response and chunk end, so that
+    # `seer-jax rollout --resume DIR` continues it after a crash (see docs/deployment.md)
+    c.journal_dir = ""
+    c.journal_fsync = False  # also fsync each record (survives a host crash; slower)
     # fault injection (clock "concurrent"): kill instance K after N chunks ended (-1 = off), at
     # once ("chunks"), right after it put KV into the pool ("kv_put") or while it imports KV
     # another instance wrote ("kv_load", backend ray)
@@ -174,6 +178,10 @@ def validate_config(c: ml_collections.ConfigDict, catalog: PolicyCatalog = CATAL
         from seer_jax.rollout.backends.mooncake_pool import require_mooncake
 
         require_mooncake()
+    if not isinstance(c.journal_dir, str):
+        bad("journal_dir", c.journal_dir, "a directory path, or '' for no journal")
+    if not isinstance(c.journal_fsync, bool):
+        bad("journal_fsync", c.journal_fsync, "allowed: True or False")
     if c.fault_when not in FAULT_WHEN:
         bad("fault_when", c.fault_when, f"allowed: {', '.join(FAULT_WHEN)}")
     if c.fault_when == "kv_load" and c.fault_kill_instance != -1 and c.backend != "ray":

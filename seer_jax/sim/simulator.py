@@ -149,6 +149,46 @@ def spec_model(cfg: ml_collections.ConfigDict):
     )
 
 
+def sim_instances(cfg: ml_collections.ConfigDict, lengths: dict[str, int], pool, n_inst: int,
+                  speculation: bool = False, group_size: int = 1) -> list:
+    """`n_inst` simulated instances of `cfg.cluster` sharing `pool`; `lengths`: request id ->
+    output length in simulated tokens (read when a request is first submitted, so it may grow)."""
+    from seer_jax.sim.spec_instance import FastSimInstance, GroupProgress
+
+    k = cfg.cluster
+    q = int(k.token_unit)
+    cost = build_cost_model(cfg)
+    page_sim = max(1, int(k.page_size) // q)
+    cap_tokens = (int(k.kv_capacity_tokens) if k.kv_capacity_tokens
+                  else cost.kv_capacity_tokens())
+    pages = cap_tokens // (page_sim * q)
+    progress = GroupProgress(group_size)
+    spec = spec_model(cfg) if speculation else None
+    kv_bytes = int(cm.get_model(k.model).kv_bytes_per_token) * q
+    step_time = cost.step_time if q == 1 else CoarseStepTime(cost.step_time, q)
+    return [
+        FastSimInstance(
+            i, lengths, pool=pool, kv_capacity_pages=pages, page_size=page_sim,
+            max_batch_size=int(k.max_batch_size),
+            max_prefill_tokens=max(1, int(k.max_prefill_tokens) // q),
+            step_time=step_time, kv_bytes_per_token=kv_bytes,
+            pool_bandwidth_bytes_per_s=k.pool_gbps * 1e9, macro_steps=int(k.macro_steps),
+            spec=spec, progress=progress,
+        )
+        for i in range(n_inst)
+    ]
+
+
+def controller_config(cfg: ml_collections.ConfigDict) -> dict:
+    """`cfg.controller` with chunk sizes in simulated tokens (units of cluster.token_unit)."""
+    q = int(cfg.cluster.token_unit)
+    ctl_cfg = cfg.controller.to_dict()
+    if q > 1:
+        ctl_cfg["chunk_size"] = max(1, int(ctl_cfg["chunk_size"]) // q)
+        ctl_cfg["min_chunk_size"] = max(1, int(ctl_cfg["min_chunk_size"]) // q)
+    return ctl_cfg
+
+
 def simulate(
     cfg: ml_collections.ConfigDict,
     policy: str,
@@ -166,7 +206,6 @@ def simulate(
     from seer_jax.rollout.core.controller import Controller
     from seer_jax.rollout.core.driver import EmulatedClusterDriver
     from seer_jax.rollout.core.report import build_report
-    from seer_jax.sim.spec_instance import FastSimInstance, GroupProgress
 
     policy_list(policy, catalog)
     work = workload if workload is not None else build_workload(cfg)
@@ -180,11 +219,6 @@ def simulate(
     k = cfg.cluster
     n_inst = int(num_instances or k.num_instances)
     q = int(k.token_unit)
-    cost = build_cost_model(cfg)
-    page_sim = max(1, int(k.page_size) // q)
-    cap_tokens = (int(k.kv_capacity_tokens) if k.kv_capacity_tokens
-                  else cost.kv_capacity_tokens())
-    pages = cap_tokens // (page_sim * q)
     pool = HostKVPool()
     lengths: dict[str, int] = {}  # in simulated tokens (units of q real tokens)
     real_len: dict[str, int] = {}
@@ -195,30 +229,13 @@ def simulate(
         for j, i in enumerate(idx):
             lengths[f"{gid}/{j}"] = -(-int(work.output_len[i]) // q)
             real_len[f"{gid}/{j}"] = int(work.output_len[i])
-    progress = GroupProgress(group_size)
-    spec = spec_model(cfg) if speculation else None
-    kv_bytes = int(cm.get_model(k.model).kv_bytes_per_token) * q
-    step_time = cost.step_time if q == 1 else CoarseStepTime(cost.step_time, q)
-    instances = [
-        FastSimInstance(
-            i, lengths, pool=pool, kv_capacity_pages=pages, page_size=page_sim,
-            max_batch_size=int(k.max_batch_size),
-            max_prefill_tokens=max(1, int(k.max_prefill_tokens) // q),
-            step_time=step_time, kv_bytes_per_token=kv_bytes,
-            pool_bandwidth_bytes_per_s=k.pool_gbps * 1e9, macro_steps=int(k.macro_steps),
-            spec=spec, progress=progress,
-        )
-        for i in range(n_inst)
-    ]
+    instances = sim_instances(cfg, lengths, pool, n_inst, speculation, group_size)
     dists = work.length_distributions()
     if dists is not None:
         dists = {g: (m - math.log(q), s) for g, (m, s) in dists.items()}  # simulated tokens
     pol = catalog.make(policy, Hindsight(true_lengths=lengths, length_distributions=dists))
     prompts = [(PROMPT_TOKEN_ID,) * p for p in group_prompt_len]
-    ctl_cfg = cfg.controller.to_dict()
-    if q > 1:
-        ctl_cfg["chunk_size"] = max(1, int(ctl_cfg["chunk_size"]) // q)
-        ctl_cfg["min_chunk_size"] = max(1, int(ctl_cfg["min_chunk_size"]) // q)
+    ctl_cfg = controller_config(cfg)
     ctl = Controller(
         prompts, group_size=group_size, max_tokens=-(-int(work.max_tokens) // q),
         instances=instances, policy=pol, config=ctl_cfg,

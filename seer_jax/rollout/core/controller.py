@@ -43,12 +43,13 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
 from seer_jax.errors import ConfigError, InputError, SeerError
 from seer_jax.rollout.core.instance import Instance, InstanceLostError, KVPool  # noqa: F401
+from seer_jax.rollout.core.journal import RequestRecord, add_segment
 from seer_jax.rollout.core.placement import InstanceSlot, choose_instance, least_loaded_order
 from seer_jax.rollout.core.policies import POLICIES, GroupState, Policy, RequestState, make_policy
 from seer_jax.rollout.core.types import (
@@ -156,6 +157,9 @@ class ResponseResult:
     preemptions: int
     reprefill_tokens: int
     text: str | None = None
+    # [weight version, tokens] segments in token order: the policy weights each run of tokens
+    # was generated under (several versions when the request was carried over a weight sync)
+    weight_versions: list[list[int]] = dataclasses.field(default_factory=list)
 
     @property
     def latency_s(self) -> float:
@@ -191,6 +195,17 @@ def request_seed(seed: int, group_index: int, sample_index: int) -> int:
 ProgressFn = Callable[[int, int, int, float], None]  # (responses done, total, output tokens, now)
 
 
+class JournalSink(Protocol):
+    """Where the controller records progress as it happens (`journal.JournalWriter`)."""
+
+    def chunk_end(self, request_id: str, total: int, tokens: list[int], logprobs: list[float],
+                  version: int) -> None:
+        """A chunk ended unfinished: the request has `total` tokens, `tokens` the chunk's."""
+
+    def finished(self, rec: RequestRecord) -> None:
+        """A request finished (every token, its finish reason)."""
+
+
 class Controller:
     """Turns groups into chunks, places them on instances and collects the responses.
 
@@ -212,6 +227,9 @@ class Controller:
         group_ids: Sequence[str] | None = None,
         progress: ProgressFn | None = None,
         policy_options: Mapping[str, Any] | None = None,
+        journal: JournalSink | None = None,
+        target_groups: int | None = None,
+        weight_version: int = 0,
     ):
         self.config = (
             config.validate()
@@ -234,6 +252,15 @@ class Controller:
         ids = [inst.instance_id for inst in instances]
         if ids != list(range(len(instances))):
             raise ConfigError(f"instance ids must be 0..{len(instances) - 1} in order, got {ids}")
+        if target_groups is not None and (
+                isinstance(target_groups, bool) or not isinstance(target_groups, int)
+                or not 1 <= target_groups <= len(groups)):
+            raise ConfigError(f"target_groups={target_groups!r} is invalid; allowed: None (every "
+                              f"group) or an integer in 1..{len(groups)} (the number of groups)")
+        if target_groups is not None and not self.policy.divided:
+            raise ConfigError(f"target_groups={target_groups!r} with policy {self.policy.name!r} is "
+                              "invalid: it runs each request whole as one chunk, so nothing is "
+                              "left to carry over; allowed: a divided policy (e.g. seer)")
         if group_ids is None:
             group_ids = [f"g{i}" for i in range(len(groups))]
         if len(group_ids) != len(groups) or len(set(group_ids)) != len(group_ids):
@@ -243,6 +270,11 @@ class Controller:
         self.pool = pool
         self.max_tokens = max_tokens
         self.progress = progress
+        self.journal = journal
+        self.target_groups = target_groups
+        self.weight_version = int(weight_version)
+        self.restored = 0  # requests restored finished (`restore`): returned, not regenerated
+        self.complete_groups = 0
         self.stats = ControllerStats()
         self.slots: list[InstanceSlot] = []
         # request_id -> instance where room is being kept for it (it fit nowhere when popped)
@@ -297,7 +329,15 @@ class Controller:
     # ---- lifecycle -----------------------------------------------------------------------------
     @property
     def done(self) -> bool:
-        return self.num_done == len(self.requests)
+        """Every request finished; with `target_groups`: that many groups are complete and no
+        chunk is running (the others wait in the buffer, to be carried over)."""
+        if self.num_done == len(self.requests):
+            return True
+        return self.target_reached and not any(s.in_flight for s in self.slots if s.alive)
+
+    @property
+    def target_reached(self) -> bool:
+        return self.target_groups is not None and self.complete_groups >= self.target_groups
 
     @property
     def num_requests(self) -> int:
@@ -311,6 +351,8 @@ class Controller:
         n = len(self.slots)
         for g in self.groups:
             for r in g.requests:
+                if r.status == "done":  # restored finished
+                    continue
                 r.submitted_at = now
                 if not self.policy.divided:
                     r.pinned_instance = g.index % n
@@ -327,6 +369,8 @@ class Controller:
         if not self.started:
             self.start(now)
         self.stats.dispatch_rounds += 1
+        if self.target_reached:  # partial rollout: the in-flight chunks end, nothing new starts
+            return 0
         if not any(s.alive for s in self.slots):
             if not self.done:
                 raise SeerError(
@@ -406,6 +450,7 @@ class Controller:
         req.reserved_pages = 0
         req.output_ids.extend(map(int, res.new_token_ids))
         req.logprobs.extend(map(float, res.new_logprobs))
+        add_segment(req.weight_versions, self.weight_version, n)
         req.num_chunks += 1
         req.preemptions += res.preemptions
         req.reprefill_tokens += res.reprefill_tokens
@@ -438,6 +483,9 @@ class Controller:
         if reason is not None:
             self._finish(req, reason, now)
         else:
+            if self.journal is not None:
+                self.journal.chunk_end(req.request_id, req.generated, list(map(int, res.new_token_ids)),
+                                       list(map(float, res.new_logprobs)), self.weight_version)
             req.kv_handle = res.kv_handle
             req.status = "buffer"
             req.group.record_progress(req)
@@ -487,12 +535,50 @@ class Controller:
         self.stats.replacement_instances.append(inst.instance_id)
         return inst.instance_id
 
+    def restore(self, rec: RequestRecord, sampling: SamplingParams | None = None,
+                kv_handle: str | None = None) -> None:
+        """Give a request the tokens it already has, before `start`: from a journal being resumed,
+        or carried over from an earlier rollout. A finished record finishes it (its response is
+        returned as recorded, never regenerated); an unfinished one continues after its tokens,
+        from `kv_handle`'s KV in the pool when given (else by re-prefill). `sampling`: the
+        request's own parameters (its seed), when they are not the ones this controller derives."""
+        if self.started:
+            raise SeerError(f"restore({rec.request_id!r}) after the rollout started")
+        req = self.requests.get(rec.request_id)
+        if req is None:
+            raise InputError(f"restore: no request {rec.request_id!r} in this rollout")
+        n = len(rec.token_ids)
+        if n > req.max_tokens or (rec.logprobs and len(rec.logprobs) != n) or \
+                sum(k for _, k in rec.weight_versions) != n:
+            raise InputError(f"restore: {rec.request_id!r} has {n} tokens, {len(rec.logprobs)} "
+                             f"logprobs, weight-version segments {rec.weight_versions} "
+                             f"(max_tokens {req.max_tokens})")
+        req.output_ids = [int(t) for t in rec.token_ids]
+        req.logprobs = [float(x) for x in rec.logprobs]
+        req.weight_versions = [list(s) for s in rec.weight_versions]
+        req.num_chunks = rec.num_chunks
+        if sampling is not None:
+            req.sampling = sampling
+        if rec.finish_reason is None:
+            req.kv_handle = kv_handle
+            req.group.record_progress(req)
+            self.policy.on_chunk_end(req)
+            return
+        req.status = "done"
+        req.finish_reason = rec.finish_reason
+        req.finished_at = rec.finished_at
+        self._record_finished(req)
+        self.restored += 1
+
     def results(self, detokenize: Callable[[list[int]], str] | None = None) -> list[ResponseResult]:
-        """Every response, in group order then sample order (call when `done`)."""
+        """Every response, in group order then sample order (call when `done`); with
+        `target_groups`, those of the complete groups only."""
         if not self.done:
             raise SeerError(f"rollout not finished: {self.num_requests - self.num_done} requests left")
         out = []
         for g in self.groups:
+            if g.num_finished < len(g.requests):
+                continue
             for r in g.requests:
                 out.append(
                     ResponseResult(
@@ -514,6 +600,7 @@ class Controller:
                         preemptions=r.preemptions,
                         reprefill_tokens=r.reprefill_tokens,
                         text=detokenize(list(r.output_ids)) if detokenize else None,
+                        weight_versions=[list(s) for s in r.weight_versions],
                     )
                 )
         return out
@@ -597,6 +684,13 @@ class Controller:
             self.policy.push(r, requeue=True)
         return submitted
 
+    def _record_finished(self, req: RequestState) -> None:
+        g = req.group
+        g.record_finished(req)
+        self.complete_groups += g.num_finished == len(g.requests)
+        self.policy.on_request_finished(req)
+        self.num_done += 1
+
     def _finish(self, req: RequestState, reason: FinishReason, now: float) -> None:
         req.status = "done"
         req.finish_reason = reason
@@ -604,8 +698,9 @@ class Controller:
         req.kv_handle = None
         if self.pool is not None:
             self.pool.delete(req.request_id)
-        req.group.record_finished(req)
-        self.policy.on_request_finished(req)
-        self.num_done += 1
+        self._record_finished(req)
+        if self.journal is not None:
+            self.journal.finished(RequestRecord(req.request_id, list(req.output_ids), list(req.logprobs),
+                                                req.weight_versions, reason, now, req.num_chunks))
         if self.progress is not None:
             self.progress(self.num_done, self.num_requests, self.output_tokens, now)

@@ -130,6 +130,9 @@ class RolloutReport:
     kv_pool_lost_blobs: int | None = None
     # instances that joined during the rollout to replace lost ones
     replacement_instances: list[int] = dataclasses.field(default_factory=list)
+    # responses restored finished from a resumed journal (returned as recorded, not generated in
+    # this run: the times and counters above cover only what this run generated)
+    restored_responses: int = 0
 
     @property
     def spec_acceptance(self) -> float | None:
@@ -243,6 +246,7 @@ def build_report(results, controller, driver, pool=None) -> RolloutReport:
         reprefill_chunks=st.reprefill_chunks,
         kv_pool_lost_blobs=pool_lost,
         replacement_instances=list(st.replacement_instances),
+        restored_responses=getattr(controller, "restored", 0),
         length_model=(None if getattr(controller.policy, "length_params", None) is None
                       else controller.policy.length_params.to_json()),
     )
@@ -377,3 +381,11 @@ def print_comparison(
     from rich.console import Console
 
     (console or Console()).print(comparison_table(reports, baseline))
+
+
+def report_from_json(d: Mapping[str, Any]) -> RolloutReport:
+    """The `RolloutReport` of its `to_json()["report"]` dict (a journaled report)."""
+    known = {f.name for f in dataclasses.fields(RolloutReport)}
+    kw = {k: v for k, v in d.items() if k in known}
+    kw["instances"] = [InstanceReport(**i) for i in kw.get("instances", [])]
+    return RolloutReport(**kw)

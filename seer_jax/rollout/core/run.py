@@ -7,15 +7,18 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from seer_jax.errors import ConfigError
+from seer_jax.rollout.core.carry import CarryOver, combined_groups
 from seer_jax.rollout.core.concurrent_driver import ConcurrentDriver
 from seer_jax.rollout.core.controller import (
     Controller,
     ControllerConfig,
+    JournalSink,
     ProgressFn,
     ResponseResult,
 )
 from seer_jax.rollout.core.driver import make_driver
 from seer_jax.rollout.core.instance import Instance, KVPool
+from seer_jax.rollout.core.journal import RequestRecord
 from seer_jax.rollout.core.policies import Policy
 from seer_jax.rollout.core.report import RolloutReport, build_report
 from seer_jax.rollout.core.types import SamplingParams
@@ -45,6 +48,11 @@ def rollout(
     policy_options: Mapping[str, Any] | None = None,
     fault: Any = None,
     replacer: Any = None,
+    journal: JournalSink | None = None,
+    restore: Sequence[RequestRecord] = (),
+    carry: CarryOver | None = None,
+    target_groups: int | None = None,
+    weight_version: int = 0,
 ) -> RolloutOutput:
     """Run one synchronous rollout: every group's prompt sampled `group_size` times.
 
@@ -55,8 +63,20 @@ def rollout(
     (`WallClockDriver`, `wall_clock` defaults to time.perf_counter) or "concurrent"
     (`ConcurrentDriver`: every instance steps at once; `fault`: a `FaultPlan` to inject;
     `replacer`: starts an instance for each lost one, e.g. the `RayInstanceGroup`).
+    journal: records every chunk end and finished response as it happens (a `JournalWriter`);
+    restore: what a resumed journal holds (finished responses are returned as recorded,
+    unfinished requests continue after their tokens by re-prefill).
+    carry: partial rollout across calls (`seer_jax.rollout.core.carry`): the groups an earlier
+    call left unfinished run too, and the call returns once `target_groups` groups (default:
+    all) are complete, carrying the rest to the next call. weight_version: the version of the
+    weights the instances serve, recorded with every token (`ResponseResult.weight_versions`).
     Returns every response (group order, then sample order) and the rollout report.
     """
+    if carry is not None:
+        groups, group_ids = combined_groups(carry, groups, group_ids)
+    elif target_groups is not None:
+        raise ConfigError(f"target_groups={target_groups!r} without carry is invalid: the "
+                          "unfinished groups would be lost; pass carry=CarryOver()")
     ctl = Controller(
         groups,
         group_size=group_size,
@@ -69,7 +89,14 @@ def rollout(
         group_ids=group_ids,
         progress=progress,
         policy_options=policy_options,
+        journal=journal,
+        target_groups=target_groups,
+        weight_version=weight_version,
     )
+    for rec in restore:
+        ctl.restore(rec)
+    if carry is not None:
+        carry.restore_into(ctl, weight_version, pool)
     if clock == "concurrent":
         driver = ConcurrentDriver(ctl, wall_clock, fault, replacer)
     elif fault is not None:
@@ -81,5 +108,7 @@ def rollout(
         driver = make_driver(clock, ctl, wall_clock=wall_clock)
     driver.run()
     results = ctl.results(detokenize)
+    if carry is not None:
+        carry.collect(ctl, weight_version)
     report = build_report(results, ctl, driver, pool=pool)
     return RolloutOutput(results=results, report=report)

@@ -1,0 +1,260 @@
+"""The rollout journal: an append-only record of a rollout's progress, so a crashed controller's
+rollout can be resumed instead of regenerated.
+
+Format: one record per line, `<crc32 of the JSON, 8 hex digits> <JSON>\\n`. Every record is
+written and flushed to the operating system as soon as it exists, so a killed process loses
+nothing it had recorded (with `fsync=True` each record also reaches the disk before the rollout
+goes on, which survives a host crash too, at a cost per record). A last line that is cut short or
+whose checksum does not match (the process died while writing it) is ignored and cut off when
+the journal is reopened; a damaged record *before* the last one is refused (`JournalError`), as
+the records after it cannot be trusted.
+
+Records (`t` is the kind):
+- `h` header, first: `format` and `fingerprint`, a flat dict of everything a resumed rollout
+  must share with the one that wrote the journal (model identity, prompts, group size, sampling,
+  max_tokens, policies, seed...). Resuming under a different fingerprint is refused with a
+  `JournalMismatchError` naming each key that differs.
+- `c` chunk end: policy `p`, request `r`, its token count so far `n`, the chunk's tokens `tok`,
+  logprobs `lp` and the weight version `v` they were generated under.
+- `f` finished response: policy, request, every token and logprob, finish reason `fr`, the
+  weight-version segments `wv` ([version, tokens] pairs), finish time `at` and chunk count `ch`.
+- `p` policy done: the policy's rollout report `report`, so a finished rollout is returned
+  without running anything.
+
+`JournalWriter` writes; `read_journal` parses a file into a `JournalState` (per policy: finished
+responses, unfinished prefixes, the report when done), which the controller restores
+(`Controller.restore`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import pathlib
+import signal
+import time
+import zlib
+from collections.abc import Mapping
+from typing import Any
+
+from seer_jax.errors import ConfigError, SeerError
+
+FORMAT = 1
+JOURNAL_FILE = "rollout.journal"
+# test-only: SIGKILL this process right after the Nth record is written (a deterministic crash)
+KILL_AFTER_ENV = "SEER_JAX_TEST_JOURNAL_KILL_AFTER"
+
+
+class JournalError(SeerError):
+    """A journal that cannot be read or written (missing, damaged before its last record)."""
+
+
+class JournalMismatchError(ConfigError):
+    """A journal written by a different rollout (its fingerprint differs)."""
+
+
+@dataclasses.dataclass
+class RequestRecord:
+    """What the journal (or a carried-over rollout) knows about one request: its tokens so far
+    and, once it finished, its finish reason. `weight_versions`: [version, tokens] segments, in
+    order, summing to len(token_ids)."""
+
+    request_id: str
+    token_ids: list[int]
+    logprobs: list[float]
+    weight_versions: list[list[int]]
+    finish_reason: str | None = None
+    finished_at: float = 0.0
+    num_chunks: int = 0
+
+
+@dataclasses.dataclass
+class PolicyJournal:
+    requests: dict[str, RequestRecord] = dataclasses.field(default_factory=dict)
+    report: dict | None = None  # the policy's report once its rollout finished
+
+    @property
+    def done(self) -> bool:
+        return self.report is not None
+
+
+@dataclasses.dataclass
+class JournalState:
+    path: pathlib.Path
+    fingerprint: dict
+    policies: dict[str, PolicyJournal]
+    records: int  # whole records read
+    good_bytes: int  # length of the whole records; anything after is a torn last record
+    dropped_tail: bool  # a torn or corrupt last record was found (and is ignored)
+
+    def policy(self, name: str) -> PolicyJournal:
+        return self.policies.setdefault(name, PolicyJournal())
+
+
+def encode(record: Mapping[str, Any]) -> bytes:
+    payload = json.dumps(record, separators=(",", ":")).encode()
+    return b"%08x " % zlib.crc32(payload) + payload + b"\n"
+
+
+def _decode(line: bytes) -> dict | None:
+    """The record of one whole line (newline included), or None when it is damaged."""
+    if len(line) < 11 or not line.endswith(b"\n") or line[8:9] != b" ":
+        return None
+    payload = line[9:-1]
+    try:
+        if int(line[:8], 16) != zlib.crc32(payload):
+            return None
+        rec = json.loads(payload)
+    except ValueError:
+        return None
+    return rec if isinstance(rec, dict) and "t" in rec else None
+
+
+def read_journal(directory: str | os.PathLike) -> JournalState:
+    """Parse `directory`'s journal (JournalError when it has none, or is damaged before its last
+    record)."""
+    path = pathlib.Path(directory) / JOURNAL_FILE
+    if not path.is_file():
+        raise JournalError(f"no rollout journal in {os.fspath(directory)!r} (expected {path})")
+    data = path.read_bytes()
+    lines = data.splitlines(keepends=True)
+    state = JournalState(path, {}, {}, 0, 0, False)
+    for i, line in enumerate(lines):
+        rec = _decode(line)
+        if rec is None:
+            if i == len(lines) - 1:
+                state.dropped_tail = True
+                break
+            raise JournalError(f"{path}: record {i + 1} (byte {state.good_bytes}) is damaged and "
+                               f"{len(lines) - i - 1} record(s) follow it; the journal cannot be "
+                               "resumed")
+        if i == 0:
+            if rec.get("t") != "h" or rec.get("format") != FORMAT:
+                raise JournalError(f"{path}: not a format-{FORMAT} rollout journal (first record "
+                                   f"{str(rec)[:80]!r})")
+            state.fingerprint = dict(rec["fingerprint"])
+        else:
+            _apply(state, rec, path, i + 1)
+        state.records += 1
+        state.good_bytes += len(line)
+    if state.records == 0:
+        raise JournalError(f"{path}: no whole header record; start the rollout again without "
+                           "resuming")
+    return state
+
+
+def _apply(state: JournalState, rec: dict, path: pathlib.Path, lineno: int) -> None:
+    kind = rec["t"]
+    pol = state.policy(rec.get("p", ""))
+    if kind == "c":
+        r = pol.requests.get(rec["r"])
+        if r is None:
+            r = pol.requests[rec["r"]] = RequestRecord(rec["r"], [], [], [])
+        r.token_ids.extend(rec["tok"])
+        r.logprobs.extend(rec["lp"])
+        add_segment(r.weight_versions, rec["v"], len(rec["tok"]))
+        r.num_chunks += 1
+        if len(r.token_ids) != rec["n"] or r.finish_reason is not None:
+            raise JournalError(f"{path}: record {lineno}: chunk of {rec['r']!r} ends at token "
+                               f"{rec['n']} but the journal holds {len(r.token_ids)} tokens"
+                               + (" (request already finished)" if r.finish_reason else ""))
+    elif kind == "f":
+        pol.requests[rec["r"]] = RequestRecord(rec["r"], list(rec["tok"]), list(rec["lp"]),
+                                               [list(s) for s in rec["wv"]], rec["fr"],
+                                               float(rec["at"]), int(rec["ch"]))
+    elif kind == "p":
+        pol.report = rec["report"]
+    else:
+        raise JournalError(f"{path}: record {lineno} has unknown kind {kind!r}")
+
+
+def add_segment(segments: list[list[int]], version: int, n: int) -> None:
+    if n <= 0:
+        return
+    if segments and segments[-1][0] == version:
+        segments[-1][1] += n
+    else:
+        segments.append([version, n])
+
+
+def check_fingerprint(saved: Mapping[str, Any], current: Mapping[str, Any], path) -> None:
+    """JournalMismatchError naming every key whose value differs between the journal and now."""
+    diffs = []
+    for key in sorted(set(saved) | set(current)):
+        a, b = saved.get(key, "<absent>"), current.get(key, "<absent>")
+        if a != b:
+            diffs.append(f"{key}: journal {_short(a)}, now {_short(b)}")
+    if diffs:
+        raise JournalMismatchError(
+            f"journal {os.fspath(path)!r} was written by a different rollout, so it cannot be "
+            f"resumed; mismatched: {'; '.join(diffs)}")
+
+
+def _short(v: Any) -> str:
+    s = repr(v)
+    return s if len(s) <= 80 else s[:77] + "..."
+
+
+class JournalWriter:
+    """Appends records to a journal file (created with its header, or reopened to go on after
+    the last whole record of an existing one). Implements the controller's journal hooks for one
+    policy at a time (`for_policy`)."""
+
+    def __init__(self, directory: str | os.PathLike, fingerprint: Mapping[str, Any] | None = None,
+                 resume: JournalState | None = None, fsync: bool = False):
+        self.dir = pathlib.Path(directory)
+        self.path = self.dir / JOURNAL_FILE
+        self.fsync = fsync
+        self.records = 0
+        self.bytes = 0
+        self.write_s = 0.0  # time spent encoding and writing records
+        self.policy = ""
+        kill = os.environ.get(KILL_AFTER_ENV, "")
+        self._kill_after = int(kill) if kill else None
+        if resume is None:
+            if self.path.exists():
+                raise ConfigError(f"journal_dir={os.fspath(directory)!r} already holds a rollout "
+                                  "journal; resume it (seer-jax rollout --resume DIR) or pick "
+                                  "an empty directory")
+            self.dir.mkdir(parents=True, exist_ok=True)
+            self._f = open(self.path, "wb")
+            self._write({"t": "h", "format": FORMAT, "fingerprint": dict(fingerprint or {})})
+        else:
+            self._f = open(self.path, "r+b")
+            self._f.truncate(resume.good_bytes)  # drop a torn last record before appending
+            self._f.seek(resume.good_bytes)
+
+    def for_policy(self, policy: str) -> JournalWriter:
+        self.policy = policy
+        return self
+
+    def chunk_end(self, request_id: str, total: int, tokens: list[int], logprobs: list[float],
+                  version: int) -> None:
+        self._write({"t": "c", "p": self.policy, "r": request_id, "n": total, "tok": tokens,
+                     "lp": logprobs, "v": version})
+
+    def finished(self, rec: RequestRecord) -> None:
+        self._write({"t": "f", "p": self.policy, "r": rec.request_id, "tok": rec.token_ids,
+                     "lp": rec.logprobs, "fr": rec.finish_reason, "wv": rec.weight_versions,
+                     "at": rec.finished_at, "ch": rec.num_chunks})
+
+    def policy_done(self, report: Mapping[str, Any]) -> None:
+        self._write({"t": "p", "p": self.policy, "report": report})
+
+    def close(self) -> None:
+        if not self._f.closed:
+            self._f.close()
+
+    def _write(self, record: Mapping[str, Any]) -> None:
+        t0 = time.perf_counter()
+        line = encode(record)
+        self._f.write(line)
+        self._f.flush()
+        if self.fsync:
+            os.fsync(self._f.fileno())
+        self.write_s += time.perf_counter() - t0
+        self.records += 1
+        self.bytes += len(line)
+        if self._kill_after is not None and self.records >= self._kill_after:
+            os.kill(os.getpid(), signal.SIGKILL)

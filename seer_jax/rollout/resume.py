@@ -1,0 +1,104 @@
+"""Journaled rollouts for `run_rollout`: the fingerprint a journal must match to be resumed, and
+the responses and reports of policies a journal holds finished.
+
+What the fingerprint covers (a resume under a different value is refused, naming the key): the
+model (its name, dtype and the identity of its files), the prompts (source, count, chat template
+and a hash of their token ids), group size, max_tokens, sampling (temperature, top-p, top-k,
+seed, per-request seeds), the policies and speculation. What it leaves out may change between
+the crash and the resume, since it does not change any response: the deployment (backend,
+instances, tp, Ray and KV pool settings), engine memory, chunk size and placement settings, the
+clock and time model.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import pathlib
+
+import ml_collections
+
+from seer_jax.rollout.core.controller import ResponseResult
+from seer_jax.rollout.core.journal import JournalError, JournalState, RequestRecord
+from seer_jax.rollout.core.report import report_from_json
+from seer_jax.rollout.core.run import RolloutOutput
+
+# files up to this size are hashed whole; larger ones by their size, first and last HASH_EDGE
+WHOLE_FILE_HASH = 256 << 20
+HASH_EDGE = 16 << 20
+
+
+def file_identity(path: str | os.PathLike) -> str:
+    """A sha256 over a model file or directory: every file's relative name and size, and its
+    bytes (for files over 256 MiB: the first and last 16 MiB)."""
+    root = pathlib.Path(path)
+    files = [root] if root.is_file() else sorted(p for p in root.rglob("*") if p.is_file())
+    h = hashlib.sha256()
+    for f in files:
+        size = f.stat().st_size
+        h.update(f"{f.relative_to(root) if f != root else f.name}\0{size}\0".encode())
+        with open(f, "rb") as fh:
+            if size <= WHOLE_FILE_HASH:
+                for block in iter(lambda: fh.read(1 << 20), b""):
+                    h.update(block)
+            else:
+                h.update(fh.read(HASH_EDGE))
+                fh.seek(size - HASH_EDGE)
+                h.update(fh.read(HASH_EDGE))
+    return h.hexdigest()[:32]
+
+
+def rollout_fingerprint(c: ml_collections.ConfigDict, prompts: list[list[int]],
+                        model_path: str | os.PathLike) -> dict:
+    """What a journal of this rollout must match to be resumed (see the module docstring)."""
+    tokens = hashlib.sha256(json.dumps(prompts, separators=(",", ":")).encode()).hexdigest()[:32]
+    return {
+        "model": str(c.model),
+        "model_files": file_identity(model_path),
+        "dtype": str(c.dtype),
+        "prompts": str(c.prompts),
+        "num_prompts": int(c.num_prompts),
+        "chat": bool(c.chat),
+        "prompt_tokens": tokens,
+        "group_size": int(c.group_size),
+        "max_tokens": int(c.max_tokens),
+        "temperature": float(c.temperature),
+        "top_p": float(c.top_p),
+        "top_k": int(c.top_k),
+        "seed": int(c.seed),
+        "per_request_seeds": bool(c.controller.per_request_seeds),
+        "policies": str(c.policies),
+        "speculation": bool(c.speculation),
+    }
+
+
+def restored_output(state: JournalState, policy: str, prompts: list[list[int]], group_size: int,
+                    detokenize) -> RolloutOutput:
+    """The responses and report of a policy whose rollout the journal holds finished."""
+    pj = state.policy(policy)
+    results = []
+    for gi, prompt in enumerate(prompts):
+        for j in range(group_size):
+            rid = f"g{gi}/{j}"
+            rec = pj.requests.get(rid)
+            if rec is None or rec.finish_reason is None:
+                raise JournalError(f"{state.path}: policy {policy!r} is recorded done but response "
+                                   f"{rid!r} is not finished in the journal")
+            results.append(ResponseResult(
+                request_id=rid, group_id=f"g{gi}", group_index=gi, sample_index=j,
+                prompt_ids=tuple(prompt), token_ids=list(rec.token_ids),
+                logprobs=list(rec.logprobs), finish_reason=rec.finish_reason,
+                submitted_at=0.0, first_scheduled_at=None, first_token_at=None,
+                finished_at=rec.finished_at, num_chunks=rec.num_chunks, instances=[],
+                migrations=0, preemptions=0, reprefill_tokens=0,
+                text=detokenize(list(rec.token_ids)) if detokenize else None,
+                weight_versions=[list(s) for s in rec.weight_versions]))
+    return RolloutOutput(results=results, report=report_from_json(pj.report))
+
+
+def records_to_restore(state: JournalState | None, policy: str) -> list[RequestRecord]:
+    """A policy's journaled requests (finished and unfinished), to restore in its controller."""
+    if state is None:
+        return []
+    return list(state.policy(policy).requests.values())
