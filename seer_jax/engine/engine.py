@@ -104,6 +104,16 @@ class StepStats:
     num_decode_tokens: int
     duration_s: float
     kv_tokens: int
+    # where the step went (time.perf_counter seconds, whatever the engine clock): planning
+    # (schedule, drafts, batch build), the runner's phases (`ModelRunner.timings`), commit
+    # (everything after: emissions, appends, finishes); compile_s: compiling a new step shape
+    # (zero in steady state)
+    plan_s: float = 0.0
+    h2d_s: float = 0.0
+    device_s: float = 0.0
+    d2h_s: float = 0.0
+    commit_s: float = 0.0
+    compile_s: float = 0.0
 
 
 @dataclasses.dataclass
@@ -397,12 +407,18 @@ class Engine:
     def step(self) -> list[RequestOutput]:
         """One iteration: plan (schedule, drafts, batch), execute (the jitted step), commit
         (append tokens, finish sequences, stats). Returns the requests that finished in it."""
-        t0 = self.clock()
+        t0, p0 = self.clock(), time.perf_counter()
         plan = self._plan()
         if plan is None:
             return []
+        p1, compile0 = time.perf_counter(), self.runner.compile_s
         emissions = self._execute(plan)
-        return self._commit(plan, emissions, t0)
+        finished = self._commit(plan, emissions, t0)
+        stats, rt = self.step_stats[-1], self.runner.timings
+        stats.plan_s, stats.h2d_s, stats.device_s, stats.d2h_s = p1 - p0, rt.h2d_s, rt.device_s, rt.d2h_s
+        stats.compile_s = self.runner.compile_s - compile0
+        stats.commit_s = time.perf_counter() - p1 - rt.h2d_s - rt.device_s - rt.d2h_s - stats.compile_s
+        return finished
 
     def _plan(self) -> StepPlan | None:
         decode, prefill = self._schedule()

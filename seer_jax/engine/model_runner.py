@@ -55,6 +55,17 @@ MAX_EXECUTABLES = 512
 
 
 @dataclasses.dataclass(frozen=True)
+class StepTimings:
+    """Host-clock seconds of the runner's last step, by phase: inputs to the device (h2d), the
+    compiled step until its outputs are ready (device, dispatch included), outputs back to the
+    host (d2h). Compiling a new shape is not in them (`ModelRunner.compile_s`)."""
+
+    h2d_s: float = 0.0
+    device_s: float = 0.0
+    d2h_s: float = 0.0
+
+
+@dataclasses.dataclass(frozen=True)
 class Layout:
     n_dec: int  # decode-region sequence slots
     q_dec: int  # max query tokens per decode sequence (1 = plain decode)
@@ -249,6 +260,7 @@ class ModelRunner:
                                 dtype_bytes=jnp.dtype(dtype).itemsize, max_seqs=max_seqs,
                                 pages_per_seq=pages_per_seq, max_tokens=max_tokens)
         self.compile_s = 0.0  # time spent compiling new step shapes
+        self.timings = StepTimings()  # phases of the last sample/verify step
         self.rules = rules
         self.set_params(params)
         self.kv_repeat = self.plan.kv_repeat
@@ -302,25 +314,38 @@ class ModelRunner:
         """Run a step and sample one token per row; host arrays (tokens [rows], logprobs
         [rows], top-logprobs or None)."""
         layout = batch.layout
-        dev = {k: self.device_input(v) for k, v in batch.arrays().items()}
+        t0 = time.perf_counter()
+        dev = jax.block_until_ready({k: self.device_input(v) for k, v in batch.arrays().items()})
+        t1 = time.perf_counter()
         exe = self._executable(_sample_step, dev, cfg=self.cfg, layout=layout, plan=self.plan,
                                num_top=num_top)
-        self.k_all, self.v_all, toks, lps, top = exe(self.params, self.k_all, self.v_all, dev)
+        t2 = time.perf_counter()
+        self.k_all, self.v_all, toks, lps, top = jax.block_until_ready(
+            exe(self.params, self.k_all, self.v_all, dev))
+        t3 = time.perf_counter()
         toks, lps = to_host(toks), to_host(lps)
         if top is not None:
             top = (to_host(top[0]), to_host(top[1]))
+        self.timings = StepTimings(t1 - t0, t3 - t2, time.perf_counter() - t3)
         return toks, lps, top
 
     def verify(self, batch: StepBatch):
         """Run a speculative step; returns host arrays (tokens [n_dec, q], logprobs [n_dec, q],
         num_accepted [n_dec], accepted_nodes [n_dec, q-1]) and the prefill (tokens, logprobs)."""
         layout = batch.layout
-        dev = {k: self.device_input(v) for k, v in batch.arrays().items()}
+        t0 = time.perf_counter()
+        dev = jax.block_until_ready({k: self.device_input(v) for k, v in batch.arrays().items()})
+        t1 = time.perf_counter()
         exe = self._executable(_verify_step, dev, cfg=self.cfg, layout=layout, plan=self.plan)
-        self.k_all, self.v_all, res, pre = exe(self.params, self.k_all, self.v_all, dev)
+        t2 = time.perf_counter()
+        self.k_all, self.v_all, res, pre = jax.block_until_ready(
+            exe(self.params, self.k_all, self.v_all, dev))
+        t3 = time.perf_counter()
         out = (to_host(res.tokens), to_host(res.logprobs), to_host(res.num_accepted),
                to_host(res.accepted_nodes))
-        return out, (None if pre is None else (to_host(pre[0]), to_host(pre[1])))
+        pre = None if pre is None else (to_host(pre[0]), to_host(pre[1]))
+        self.timings = StepTimings(t1 - t0, t3 - t2, time.perf_counter() - t3)
+        return out, pre
 
     def move_slots(self, src: list[int], dst: list[int]) -> None:
         """Copy the K/V at cache slots src to slots dst (all layers): compacts an accepted tree

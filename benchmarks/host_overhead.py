@@ -1,0 +1,216 @@
+"""Where an engine decode step's time goes: host planning, transfers, device, commit (CPU).
+
+For decode at batch B and context C (every request has C tokens of KV, imported with
+`add_request(kv=...)`, so no prefill is needed to get there), with and without grouped
+speculation, the engine's own per-step phase timings (`StepStats`) split a step into:
+
+  plan     host: schedule, drafts, batch build (`Engine._plan`)
+  h2d      the step's inputs to the device
+  device   the compiled step, dispatch until its outputs are ready (block_until_ready)
+  d2h      sampled tokens (and verify results) back to the host
+  commit   host: emissions, appends, finishes, page roll-back, stats
+  host     everything on the critical path that is not device time (plan + h2d + d2h + commit)
+
+Models (random weights, greedy sampling, no EOS so the batch stays full):
+  tiny     64 wide, 2 layers, 1 KV head of 16: device work is small, so host work shows
+  medium   768 wide, 6 layers, heads of 32 (12 KV heads), as in benchmarks/distributed.py
+
+Requests come in groups of 8 sharing a prompt (period-37 token pattern, so the group's draft
+service finds drafts). Steps that compiled a new shape, or whose batch is not the full decode
+batch, are left out of the statistics (counted in `excluded_steps`). A point whose KV cache (or,
+with speculation, the CPU verify attention's buffers) would not fit `--mem-limit-gib`, or that
+would overrun `--time-budget-s`, is skipped with the reason in the JSON.
+
+  python benchmarks/host_overhead.py --json benchmarks/results/host_overhead/after.json
+  python benchmarks/host_overhead.py --models tiny --batches 64 --contexts 1024 --steps 4  # quick
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import numpy as np  # noqa: E402
+
+from seer_jax.provenance import run_info  # noqa: E402
+
+PHASES = ("plan", "h2d", "device", "d2h", "commit")
+GROUP = 8
+PERIOD = 37
+
+
+def model_config(name: str, max_len: int):
+    from seer_jax.model.config import tiny_config
+
+    if name == "tiny":
+        return tiny_config(num_kv_heads=1, head_dim=16, max_position_embeddings=max_len,
+                           eos_token_ids=(2,))
+    if name == "medium":
+        return tiny_config(hidden_size=768, intermediate_size=2 * 768, num_layers=6,
+                           num_heads=768 // 32, num_kv_heads=768 // 64, head_dim=32,
+                           max_position_embeddings=max_len, eos_token_ids=(7,))
+    raise ValueError(f"unknown model {name!r}: allowed 'tiny', 'medium'")
+
+
+def point_memory_gib(cfg, batch: int, ctx: int, spec: bool, page_size: int) -> tuple[float, float]:
+    """(KV cache GiB, with speculation: the CPU verify attention's transient GiB per layer)."""
+    pages = batch * (-(-(ctx + 256) // page_size) + 1)
+    kv = pages * page_size * cfg.kv_bytes_per_token() / 2**30
+    verify = 0.0
+    if spec:
+        # reference attention on gathered pages: K/V gathered + scores/mask over [B, q, Hq, ctx]
+        q = 16
+        verify = (2 * batch * ctx * cfg.kv_size * 4 + 3 * batch * q * cfg.num_heads * ctx * 4) / 2**30
+    return kv, verify
+
+
+def run_point(model: str, batch: int, ctx: int, spec: bool, steps: int, warmup: int,
+              page_size: int) -> dict:
+    import jax
+
+    from seer_jax.engine.engine import Engine, EngineConfig, KVBlob
+    from seer_jax.model.llama import init_params
+    from seer_jax.model.sampling_params import SamplingParams
+
+    max_tokens = 16 * (warmup + steps + 2) if spec else warmup + steps + 2
+    max_len = ctx + max_tokens
+    cfg = model_config(model, max_len)
+    params = init_params(cfg, jax.random.PRNGKey(0))
+    pages_per_seq = -(-max_len // page_size)
+    ecfg = EngineConfig(page_size=page_size, num_pages=batch * (pages_per_seq + 1),
+                        max_num_seqs=batch, max_num_batched_tokens=batch, max_prefill_seqs=1,
+                        max_model_len=max_len, speculation=spec)
+    eng = Engine(cfg, params, ecfg, eos_ids=())
+    rng = np.random.default_rng(0)
+    n_kv = ctx - 1
+    zeros = np.zeros((cfg.num_layers, cfg.num_kv_heads, n_kv, cfg.head_dim), np.float32)
+    t_setup = time.perf_counter()
+    for g in range(-(-batch // GROUP)):
+        pattern = rng.integers(3, cfg.vocab_size, size=PERIOD).tolist()
+        prompt = (pattern * (ctx // PERIOD + 1))[:ctx]
+        for i in range(min(GROUP, batch - g * GROUP)):
+            eng.add_request(f"{g}-{i}", prompt, max_tokens, SamplingParams(temperature=0.0),
+                            kv=KVBlob(prompt, [], zeros, zeros), group_id=str(g))
+    eng.step()  # admits every request (KV import) and runs the first decode
+    setup_s = time.perf_counter() - t_setup
+    t_run = time.perf_counter()
+    for _ in range(warmup + steps):
+        eng.step()
+    run_s = time.perf_counter() - t_run
+    stats = list(eng.step_stats)[1 + warmup:]
+    kept = [s for s in stats if s.compile_s == 0 and s.batch_size == batch
+            and s.num_prefill_tokens == 0]
+    out = {"status": "ok", "setup_s": round(setup_s, 2), "run_s": round(run_s, 2),
+           "steps": len(stats), "excluded_steps": len(stats) - len(kept),
+           "spec_steps": sum(s.num_decode_tokens > batch for s in kept),
+           "tokens_per_step": float(np.mean([s.num_decode_tokens for s in kept])) if kept else 0.0}
+    if not kept:
+        out["status"] = "no steady-state step (every measured step compiled or was not full)"
+        return out
+    med = {p: float(np.median([getattr(s, f"{p}_s") for s in kept])) for p in PHASES}
+    med["step"] = float(np.median([s.plan_s + s.h2d_s + s.device_s + s.d2h_s + s.commit_s
+                                   for s in kept]))
+    med["host"] = float(np.median([s.plan_s + s.h2d_s + s.d2h_s + s.commit_s for s in kept]))
+    out.update({f"{k}_ms": round(1e3 * v, 3) for k, v in med.items()})
+    return out
+
+
+def markdown(points: list[dict]) -> str:
+    head = ("| model | batch | ctx | spec | plan ms | h2d ms | device ms | d2h ms | commit ms "
+            "| host ms | step ms | host/step |")
+    rows = [head, "|" + "---|" * 12]
+    for p in points:
+        key = f"| {p['model']} | {p['batch']} | {p['context']} | {'on' if p['spec'] else 'off'} |"
+        if p["status"] != "ok":
+            rows.append(key + f" {p['status']} |" + " |" * 7)
+            continue
+        share = p["host_ms"] / p["step_ms"] if p["step_ms"] else 0.0
+        rows.append(key + "".join(f" {p[f'{k}_ms']:.2f} |" for k in (*PHASES, "host", "step"))
+                    + f" {share:.2f} |")
+    return "\n".join(rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--models", default="tiny,medium")
+    ap.add_argument("--batches", default="64,256,512")
+    ap.add_argument("--contexts", default="1024,8192,32768")
+    ap.add_argument("--spec", default="off,on", help="speculation settings to run: off, on")
+    ap.add_argument("--steps", type=int, default=8, help="measured steps per point")
+    ap.add_argument("--large-steps", type=int, default=3,
+                    help="measured steps where batch * context >= --large-tokens")
+    ap.add_argument("--large-tokens", type=int, default=2**21)
+    ap.add_argument("--warmup", type=int, default=2, help="steps after admission, not measured")
+    ap.add_argument("--page-size", type=int, default=16)
+    ap.add_argument("--mem-limit-gib", type=float, default=10.0)
+    ap.add_argument("--time-budget-s", type=float, default=840.0)
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--markdown", default=None, help="also write the table here")
+    args = ap.parse_args(argv)
+    models = [m for m in args.models.split(",") if m]
+    batches = [int(b) for b in args.batches.split(",") if b]
+    contexts = [int(c) for c in args.contexts.split(",") if c]
+    specs = [{"off": False, "on": True}[s] for s in args.spec.split(",") if s]
+
+    t_start = time.perf_counter()
+    points = []
+    # cheapest first, so a time budget cuts the large points
+    grid = sorted(((m, b, c, s) for m in models for s in specs for b in batches for c in contexts),
+                  key=lambda p: (p[0] != "tiny", p[1] * p[2], p[3]))
+    for model, batch, ctx, spec in grid:
+        cfg = model_config(model, ctx + 1024)
+        kv_gib, verify_gib = point_memory_gib(cfg, batch, ctx, spec, args.page_size)
+        point = {"model": model, "batch": batch, "context": ctx, "spec": spec,
+                 "kv_gib": round(kv_gib, 2)}
+        elapsed = time.perf_counter() - t_start
+        if kv_gib + verify_gib > args.mem_limit_gib:
+            point["status"] = (f"skipped: KV cache {kv_gib:.1f} GiB"
+                               + (f" + CPU verify attention {verify_gib:.1f} GiB" if spec else "")
+                               + f" > --mem-limit-gib {args.mem_limit_gib}")
+        elif elapsed > args.time_budget_s:
+            point["status"] = f"skipped: time budget ({args.time_budget_s:.0f} s) spent"
+        else:
+            steps = args.large_steps if batch * ctx >= args.large_tokens else args.steps
+            try:
+                point.update(run_point(model, batch, ctx, spec, steps, args.warmup, args.page_size))
+            except Exception as e:  # recorded, the sweep goes on
+                point["status"] = f"failed: {type(e).__name__}: {e}"[:300]
+        points.append(point)
+        print(json.dumps(point), flush=True)
+
+    ok = [p for p in points if p["status"] == "ok"]
+
+    def find(model, batch, ctx, spec=False):
+        return next((p for p in ok if (p["model"], p["batch"], p["context"], p["spec"])
+                     == (model, batch, ctx, spec)), None)
+
+    summary = {"points_ok": len(ok), "points": len(points),
+               "wall_s": round(time.perf_counter() - t_start, 1)}
+    for model in models:
+        for spec in specs:
+            tag = f"{model}{'_spec' if spec else ''}"
+            p8, p1, p32 = (find(model, 256, c, spec) for c in (8192, 1024, 32768))
+            if p8:
+                summary[f"{tag}_host_ms_b256_ctx8k"] = p8["host_ms"]
+            if p1 and p32:
+                summary[f"{tag}_host_ratio_b256_ctx32k_over_1k"] = round(p32["host_ms"] / p1["host_ms"], 2)
+    report = {"summary": summary, "run": run_info(), "args": vars(args), "points": points}
+    table = markdown(points)
+    print(table)
+    if args.json:
+        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=1)
+    if args.markdown:
+        with open(args.markdown, "w") as f:
+            f.write(table + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
