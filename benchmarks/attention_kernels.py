@@ -20,7 +20,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from seer_jax.pallas import accept_draft_tree, ragged_paged_attention, write_kv
+from seer_jax.model.sampling_acceptance import accept_draft_tree
+from seer_jax.pallas import ragged_paged_attention, write_kv
 from seer_jax.pallas.testing import make_batch
 from seer_jax.provenance import run_info
 

@@ -295,7 +295,7 @@ def section_acceptance(ctx: Ctx) -> dict:
     import jax
     import jax.numpy as jnp
 
-    from seer_jax.pallas.acceptance import accept_draft_tree
+    from seer_jax.model.sampling_acceptance import accept_draft_tree
 
     S, N, V = (128, 7, 49152) if not ctx.dry else (2, 3, 256)  # SmolLM2 vocab, batch 128
     key = jax.random.key(3)

@@ -43,9 +43,9 @@ from seer_jax.engine.cpu_attention import gather_pages, paged_decode_attention
 from seer_jax.model.config import ModelConfig
 from seer_jax.model.llama import Params, forward, jnp_dtype
 from seer_jax.model.sampling import request_keys, sample_tokens, top_logprobs
+from seer_jax.model.sampling_acceptance import accept_draft_tree
 from seer_jax.model.sharding import ShardingRules, shard_params
 from seer_jax.pallas import ragged_paged_attention
-from seer_jax.pallas.acceptance import accept_draft_tree
 
 TRACE_COUNTS: dict[str, int] = {"step": 0}
 # compiled steps by (function, static args, shapes, sharding), least recently used first; bounded

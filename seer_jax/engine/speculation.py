@@ -5,7 +5,7 @@ Every generated token is appended to the draft service (the group's shared conte
 the budget (`SpeculationBudget`, the paper's Alg. 1) decides whether to speculate for the current
 decode batch and how many draft nodes each sequence gets; drafts are token trees (parents), which
 the engine verifies in one ragged forward (`ModelRunner.verify`) and accepts by rejection
-sampling (`seer_jax.pallas.accept_draft_tree`).
+sampling (`seer_jax.model.sampling_acceptance.accept_draft_tree`).
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 
 from seer_jax.model.config import ModelConfig
 from seer_jax.model.llama import Llama, Params, forward
-from seer_jax.pallas.acceptance import sampling_log_probs
+from seer_jax.model.sampling_acceptance import sampling_log_probs
 
 _MASKED = -1e30  # finite: rows that see no key at all (left padding) stay NaN-free
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from seer_jax.model.sampling_acceptance import sampling_log_probs
 from seer_jax.model.sampling_params import FinishReason, SamplingParams  # noqa: F401
-from seer_jax.pallas.acceptance import sampling_log_probs
 
 
 def request_keys(seeds_b: jax.Array, step_b: jax.Array) -> jax.Array:
@@ -31,7 +31,7 @@ def sample_tokens(
 
     Greedy rows (temperature 0) take argmax and report the raw log-softmax; sampled rows report
     the log-probability under the temperature-scaled, top-k/top-p filtered distribution. The
-    distribution is `seer_jax.pallas.sampling_log_probs`, the one speculative acceptance uses.
+    distribution is `seer_jax.model.sampling_acceptance.sampling_log_probs`, the one speculative acceptance uses.
     """
     greedy = temperature_b <= 0
     logp = sampling_log_probs(logits_bv, temperature_b, top_p_b, top_k_b)

@@ -11,7 +11,7 @@ from seer_jax.errors import InputError
 from seer_jax.model.config import tiny_config
 from seer_jax.model.generate import full_forward, generate
 from seer_jax.model.llama import init_params
-from seer_jax.pallas import sampling_log_probs
+from seer_jax.model.sampling_acceptance import sampling_log_probs
 from seer_jax.rollout.core.types import SamplingParams
 
 CFG = tiny_config(eos_token_ids=())

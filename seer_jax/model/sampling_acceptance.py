@@ -1,12 +1,12 @@
 """Lossless acceptance of a deterministic draft token tree against target logits (pure jnp, jit).
 
-This is XLA, not a Pallas kernel, on every backend. The work is vocabulary-wide elementwise
-passes and reductions over the verify logits (the top-k/top-p threshold bisection, log-softmax,
-one categorical draw per tree level), which XLA fuses; the tree walk itself is tiny. On this
-2-core CPU (SmolLM2 vocabulary, 32 sequences x 8 verify rows) it takes 2.5 s with top_p=0.95
-and 0.9 s with the filter off, against 0.23 s for the LM-head matmul of the same rows: the cost
-is the number of vocabulary passes, which a kernel would not remove. `benchmarks/device_check.py`
-reports its share of a verify step on the device.
+Plain XLA on every backend (not a Pallas kernel), next to the sampler whose distribution it
+shares. The work is vocabulary-wide elementwise passes and reductions over the verify logits (the
+top-k/top-p threshold bisection, log-softmax, one categorical draw per tree level), which XLA
+fuses; the tree walk itself is tiny. On this 2-core CPU (SmolLM2 vocabulary, 32 sequences x 8
+verify rows) it takes 2.5 s with top_p=0.95 and 0.9 s with the filter off, against 0.23 s for the
+LM-head matmul of the same rows: the cost is the number of vocabulary passes, which a kernel would
+not remove. `benchmarks/device_check.py` reports its share of a verify step on the device.
 
 Layout (per sequence s, up to N draft nodes):
   draft_tokens [S, N] int32   token of draft node j

@@ -6,7 +6,11 @@ import numpy as np
 import pytest
 
 from seer_jax.errors import InputError
-from seer_jax.pallas import accept_draft_tree, sampling_log_probs, verify_tree_parents
+from seer_jax.model.sampling_acceptance import (
+    accept_draft_tree,
+    sampling_log_probs,
+    verify_tree_parents,
+)
 
 
 def _greedy_loop(tokens, parents, n_draft, logits):
