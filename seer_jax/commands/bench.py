@@ -45,8 +45,7 @@ def measure_step(runner, B: int, gamma: int, context: int, page_size: int, iters
     """Median time of one jitted step: B sequences × (1+gamma) query tokens over `context` KV."""
     import numpy as np
 
-    from seer_jax.engine.batch import DraftTree, Region, StepBatch
-    from seer_jax.engine.model_runner import Layout, bucket
+    from seer_jax.engine.batch import DraftTree, Layout, Region, StepBatch, bucket
 
     q = 1 + gamma
     pps = bucket(-(-(context + q) // page_size), 4)

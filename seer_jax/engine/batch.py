@@ -3,7 +3,8 @@
 `build_batch` lays one step out as padded arrays: a decode region of `n_dec` sequence slots of
 `q_dec` query tokens each (1 for plain decode; [pending token, draft nodes...] when verifying a
 speculative draft tree) followed by a prefill region of `t_pre` token slots over `n_pre`
-sequences. Padding sizes come from a few buckets, so the runner compiles few variants.
+sequences. Padding sizes come from a few buckets (`Layout`, `bucket`), so the runner compiles
+few variants; this module owns those types and the runner imports them.
 """
 
 from __future__ import annotations
@@ -14,7 +15,49 @@ from typing import Any
 
 import numpy as np
 
-from seer_jax.engine.model_runner import Layout, bucket, fine_bucket, uses_cpu_decode
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """A step's padded shape (a jit static argument of the runner's compiled steps)."""
+
+    n_dec: int  # decode-region sequence slots
+    q_dec: int  # max query tokens per decode sequence (1 = plain decode)
+    n_pre: int  # prefill-region sequence slots
+    t_pre: int  # prefill-region token slots
+    pps: int  # pages per sequence in the page tables
+
+    @property
+    def num_tokens(self) -> int:
+        return self.n_dec * self.q_dec + self.t_pre
+
+    @property
+    def num_rows(self) -> int:
+        """Rows of logits: every decode-region token, plus one per prefill sequence."""
+        return self.n_dec * self.q_dec + self.n_pre
+
+
+def bucket(n: int, minimum: int, maximum: int | None = None) -> int:
+    """The smallest minimum * 2**k >= n, capped at max(maximum, n)."""
+    b = minimum
+    while b < n:
+        b *= 2
+    return b if maximum is None else min(b, max(maximum, n))
+
+
+def fine_bucket(n: int, minimum: int, maximum: int | None = None) -> int:
+    """Like `bucket` but about 4 sizes per octave (8, 16, 24, ..., 64, 80, 96, 120, 144, ... for
+    minimum 8): less padding for a slowly shrinking decode batch, for a few more compiles."""
+    b = minimum
+    while b < n:
+        b += minimum * max(1, b // (4 * minimum))
+    return b if maximum is None else min(b, max(maximum, n))
+
+
+def uses_cpu_decode(impl: str, layout: Layout) -> bool:
+    """Whether the decode region runs `cpu_attention.paged_decode_attention` (the `cpu` impl,
+    plain one-token decode): its cost does not depend on the page-table width. `impl` is the
+    runner's resolved impl (`ModelRunner.impl`)."""
+    return layout.q_dec == 1 and impl == "cpu"
 
 
 @dataclasses.dataclass(frozen=True)

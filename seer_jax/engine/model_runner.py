@@ -23,15 +23,12 @@ import collections
 import dataclasses
 import functools
 import time
-from typing import TYPE_CHECKING
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-if TYPE_CHECKING:
-    from seer_jax.engine.batch import StepBatch
 from seer_jax.engine.attention_backend import (
     AttentionPlan,
     check_kernel_shapes,
@@ -39,6 +36,7 @@ from seer_jax.engine.attention_backend import (
     kernel_write,
     make_plan,
 )
+from seer_jax.engine.batch import Layout, StepBatch, uses_cpu_decode
 from seer_jax.engine.cpu_attention import gather_pages, paged_decode_attention
 from seer_jax.model.config import ModelConfig
 from seer_jax.model.llama import Params, forward, jnp_dtype
@@ -65,24 +63,6 @@ class StepTimings:
     d2h_s: float = 0.0
 
 
-@dataclasses.dataclass(frozen=True)
-class Layout:
-    n_dec: int  # decode-region sequence slots
-    q_dec: int  # max query tokens per decode sequence (1 = plain decode)
-    n_pre: int  # prefill-region sequence slots
-    t_pre: int  # prefill-region token slots
-    pps: int  # pages per sequence in the page tables
-
-    @property
-    def num_tokens(self) -> int:
-        return self.n_dec * self.q_dec + self.t_pre
-
-    @property
-    def num_rows(self) -> int:
-        """Rows of logits: every decode-region token, plus one per prefill sequence."""
-        return self.n_dec * self.q_dec + self.n_pre
-
-
 def spans_processes(mesh: Mesh | None) -> bool:
     """Whether the mesh holds devices of other processes (a multi-host slice)."""
     return mesh is not None and any(d.process_index != jax.process_index()
@@ -100,29 +80,6 @@ def to_host(x: jax.Array) -> np.ndarray:
     from jax.experimental import multihost_utils
 
     return np.asarray(multihost_utils.process_allgather(x, tiled=True))
-
-
-def bucket(n: int, minimum: int, maximum: int | None = None) -> int:
-    b = minimum
-    while b < n:
-        b *= 2
-    return b if maximum is None else min(b, max(maximum, n))
-
-
-def fine_bucket(n: int, minimum: int, maximum: int | None = None) -> int:
-    """Like `bucket` but about 4 sizes per octave (8, 16, 24, ..., 64, 80, 96, 120, 144, ... for
-    minimum 8): less padding for a slowly shrinking decode batch, for a few more compiles."""
-    b = minimum
-    while b < n:
-        b += minimum * max(1, b // (4 * minimum))
-    return b if maximum is None else min(b, max(maximum, n))
-
-
-def uses_cpu_decode(impl: str, layout: Layout) -> bool:
-    """Whether the decode region runs `cpu_attention.paged_decode_attention` (the `cpu` impl,
-    plain one-token decode): its cost does not depend on the page-table width. `impl` is the
-    runner's resolved impl (`ModelRunner.impl`)."""
-    return layout.q_dec == 1 and impl == "cpu"
 
 
 def _paged_attention(cache, meta, layer, q, k, v, *, layout: Layout, plan: AttentionPlan):

@@ -16,8 +16,9 @@ from jax.sharding import Mesh
 from seer_jax.drafting.budget import BudgetConfig, SpeculationBudget
 from seer_jax.drafting.draft import Draft
 from seer_jax.engine.attention_backend import make_plan, resolve_engine_impl
+from seer_jax.engine.batch import Layout
 from seer_jax.engine.engine import Engine, EngineConfig
-from seer_jax.engine.model_runner import Layout, _sample_step
+from seer_jax.engine.model_runner import _sample_step
 from seer_jax.engine.speculation import Speculator
 from seer_jax.errors import ConfigError
 from seer_jax.model.config import tiny_config
