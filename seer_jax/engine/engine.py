@@ -1,12 +1,13 @@
 """One inference engine on one mesh slice: continuous batching over a paged KV cache.
 
-`add_request` queues a request; each `step()` schedules running and waiting sequences within a
-token budget (decodes first, then chunked prefill), runs one jitted forward + sample, appends the
-sampled tokens and finishes sequences on EOS / stop ids / max_tokens. A sequence is just "tokens
-whose KV is not computed yet": decode is the case of one such token, prefill (fresh, resumed after
-preemption, or continuing an imported request) the case of many. The G requests of a group share
-their prompt's pages (`BlockManager`). When pages run out the most recently admitted sequence is
-preempted (recompute, or swap to host) and resumes later with identical tokens.
+`add_request` queues a request; each `step()` plans (the `Scheduler` picks running and waiting
+requests within a token budget: decodes first, then chunked prefill; drafts; the batch), runs one
+jitted forward + sample, and commits (appends the sampled tokens, finishes requests on EOS / stop
+ids / max_tokens). A request is just "tokens whose KV is not computed yet": decode is the case of
+one such token, prefill (fresh, resumed after preemption, or continuing an imported request) the
+case of many. The G requests of a group share their prompt's pages (`KVCacheManager` over
+`BlockManager`). When pages run out the most recently admitted request is preempted (recompute,
+or swap to host) and resumes later with identical tokens. Request states: `request.py`.
 """
 
 from __future__ import annotations
@@ -16,13 +17,15 @@ import dataclasses
 import time
 from collections.abc import Callable
 
-import numpy as np
 from jax.sharding import Mesh
 
 from seer_jax.engine.attention_backend import ENGINE_IMPLS
 from seer_jax.engine.batch import StepBatch, build_batch
 from seer_jax.engine.block_manager import BlockManager, OutOfPages
+from seer_jax.engine.kv_cache import KVBlob, KVCacheManager
 from seer_jax.engine.model_runner import ModelRunner
+from seer_jax.engine.request import Request
+from seer_jax.engine.scheduler import Scheduler
 from seer_jax.errors import ConfigError, InputError, SeerError
 from seer_jax.model.config import ModelConfig
 from seer_jax.model.llama import Params
@@ -121,56 +124,10 @@ class StepPlan:
     """What one step will run: decode sequences, (sequence, tokens) to prefill, the decode
     sequences' drafts (None: no speculation) and the batch laid out for the runner."""
 
-    decode: list
-    prefill: list
+    decode: list[Request]
+    prefill: list[tuple[Request, int]]
     drafts: list | None
     batch: StepBatch
-
-
-@dataclasses.dataclass
-class KVBlob:
-    """A request's KV on the host: tokens + K/V of its first `num_computed` positions."""
-
-    prompt_ids: list[int]
-    output_ids: list[int]
-    k: np.ndarray  # [num_layers, num_kv_heads, num_computed, head_dim]
-    v: np.ndarray
-
-    @property
-    def num_computed(self) -> int:
-        return int(self.k.shape[2])
-
-    @property
-    def nbytes(self) -> int:
-        return int(self.k.nbytes + self.v.nbytes)
-
-
-@dataclasses.dataclass
-class _Seq:
-    request_id: str
-    prompt: list[int]
-    output: list[int]  # all generated tokens (earlier submissions + this one)
-    base_len: int  # len(output) at submission
-    max_tokens: int  # new tokens allowed in this submission
-    sampling: SamplingParams
-    metrics: RequestMetrics
-    logprobs: list[float] = dataclasses.field(default_factory=list)
-    tops: list = dataclasses.field(default_factory=list)
-    pages: list[int] = dataclasses.field(default_factory=list)
-    num_computed: int = 0
-    swapped: KVBlob | None = None
-    admitted_at: int = 0
-    keep_kv: bool = False
-    group_id: str = ""
-    priority: int = 0
-
-    @property
-    def tokens(self) -> list[int]:
-        return self.prompt + self.output
-
-    @property
-    def num_new(self) -> int:
-        return len(self.output) - self.base_len
 
 
 class Engine:
@@ -192,11 +149,10 @@ class Engine:
             max_seqs=max(config.max_num_seqs, config.max_prefill_seqs),
             pages_per_seq=self.blocks.pages_for(self.max_model_len),
             max_tokens=max(config.max_num_batched_tokens, config.max_num_seqs * 8))
-        self.waiting: collections.deque[_Seq] = collections.deque()
-        self.running: list[_Seq] = []
-        self.seqs: dict[str, _Seq] = {}
+        self.kv = KVCacheManager(self.blocks, self.runner, config.prefix_sharing)
+        self.scheduler = Scheduler(config, self.kv, clock)
+        self.seqs: dict[str, Request] = {}
         self.step_count = 0
-        self.num_preemptions = 0
         self.step_stats: collections.deque[StepStats] = collections.deque(maxlen=config.max_step_stats)
         self.max_pps = self.blocks.pages_for(self.max_model_len)
         if speculator is None and config.speculation:
@@ -239,7 +195,7 @@ class Engine:
         if sampling.top_logprobs > self.config.max_top_logprobs:
             raise InputError(f"request {request_id!r}: top_logprobs={sampling.top_logprobs} exceeds the "
                              f"engine's max_top_logprobs={self.config.max_top_logprobs}")
-        seq = _Seq(request_id, prompt, list(output_ids), len(output_ids), max_tokens, sampling,
+        seq = Request(request_id, prompt, list(output_ids), len(output_ids), max_tokens, sampling,
                    RequestMetrics(arrival_time=self.clock()), keep_kv=keep_kv,
                    group_id=request_id if group_id is None else group_id, priority=priority)
         if kv is not None:
@@ -250,7 +206,7 @@ class Engine:
                                  f"expected fewer than {len(seq.tokens)}")
             seq.swapped = kv
         self.seqs[request_id] = seq
-        self.waiting.append(seq)
+        self.scheduler.add(seq)
         if self.spec is not None:
             self.spec.on_add(seq.group_id, prompt)
 
@@ -258,12 +214,7 @@ class Engine:
         seq = self.seqs.pop(request_id, None)
         if seq is None:
             return None
-        if seq in self.running:
-            self.running.remove(seq)
-        if seq in self.waiting:
-            self.waiting.remove(seq)
-        self.blocks.release(seq.pages)
-        seq.pages = []
+        self.scheduler.finish(seq)
         return self._output(seq, "abort")
 
     def has_unfinished(self) -> bool:
@@ -275,133 +226,24 @@ class Engine:
         seq = self.seqs.get(request_id)
         if seq is None:
             raise InputError(f"unknown request id {request_id!r}")
-        if seq.swapped is not None:
-            blob = seq.swapped
-        else:
-            blob = self._kv_blob(seq)
+        blob = seq.swapped if seq.swapped is not None else self.kv.blob(seq)
         if release:
             self.abort(request_id)
         return blob
 
-    # ------------------------------------------------------------------ scheduling
-    def _kv_blob(self, seq: _Seq) -> KVBlob:
-        """Host copy of the K/V of seq's computed positions, with its tokens."""
-        k, v = self.runner.read_kv(seq.pages, seq.num_computed)
-        return KVBlob(list(seq.prompt), list(seq.output), k, v)
+    @property
+    def running(self) -> list[Request]:
+        """Running requests, in admission order."""
+        return self.scheduler.running
 
-    def _preempt(self, seq: _Seq) -> None:
-        self.running.remove(seq)
-        self._unadmit(seq)
-        seq.metrics.num_preemptions += 1
-        self.num_preemptions += 1
-        self.waiting.appendleft(seq)
+    @property
+    def waiting(self) -> collections.deque[Request]:
+        """Waiting requests, in admission order (the front goes first)."""
+        return self.scheduler.waiting
 
-    def _ensure_pages(self, seq: _Seq, num_tokens: int, protected: set[str]) -> bool:
-        """Grow seq's pages to hold num_tokens, preempting later-admitted running sequences."""
-        while True:
-            try:
-                self.blocks.grow(seq.pages, num_tokens)
-                return True
-            except OutOfPages:
-                victims = [s for s in self.running if s.request_id not in protected and s is not seq]
-                if not victims:
-                    return False
-                self._preempt(max(victims, key=lambda s: s.admitted_at))
-
-    def _admit(self, seq: _Seq) -> bool:
-        """Give a waiting sequence its starting pages (shared prefix, swapped-in or empty)."""
-        blob = seq.swapped
-        if blob is not None:
-            pages_needed = self.blocks.pages_for(blob.num_computed)
-            if not self.blocks.can_allocate(pages_needed):
-                return False
-            seq.pages = self.blocks.allocate(pages_needed)
-            self.runner.write_kv(seq.pages, blob.k, blob.v)
-            seq.num_computed, seq.swapped = blob.num_computed, None
-        elif self.config.prefix_sharing and not seq.output:
-            entry = self.blocks.lookup_prefix(tuple(seq.prompt))
-            if entry is not None:
-                try:
-                    table, copy, valid = self.blocks.share_prefix(entry)
-                except OutOfPages:
-                    return False
-                if copy is not None:
-                    self.runner.copy_pages([copy])
-                seq.pages, seq.num_computed = table, valid
-        seq.admitted_at = self.step_count
-        return True
-
-    def _schedule(self):
-        budget = self.config.max_num_batched_tokens
-        decode: list[_Seq] = []
-        prefill: list[tuple[_Seq, int]] = []
-        scheduled: set[str] = set()
-        # 1. running sequences: decodes (one pending token) first, then prefill chunks.
-        for seq in sorted(self.running, key=lambda s: (len(s.tokens) - s.num_computed > 1, s.admitted_at)):
-            if seq not in self.running:  # preempted while making room for an earlier one
-                continue
-            pending = len(seq.tokens) - seq.num_computed
-            if pending == 1:
-                if len(decode) >= self.config.max_num_seqs or budget < 1:
-                    continue
-                n = 1
-            else:
-                if len(prefill) >= self.config.max_prefill_seqs or budget < 1:
-                    continue
-                n = min(pending, budget)
-            if not self._ensure_pages(seq, seq.num_computed + n, scheduled):
-                continue
-            scheduled.add(seq.request_id)
-            budget -= n
-            (decode.append(seq) if n == 1 and pending == 1 else prefill.append((seq, n)))
-        # 2. admit waiting sequences while the budget and pages allow (FCFS; group-mates of a
-        #    prompt being prefilled wait for its pages so they can share them).
-        prefilling = {tuple(s.prompt) for s, _ in prefill if s.num_computed < len(s.prompt)}
-        prefilling |= {tuple(s.prompt) for s in self.running if s.num_computed < len(s.prompt)}
-        deferred = []
-        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
-            seq = self.waiting[0]
-            key = tuple(seq.prompt)
-            if (self.config.prefix_sharing and not seq.output and seq.swapped is None
-                    and key in prefilling):
-                deferred.append(self.waiting.popleft())
-                continue
-            if not self._admit(seq):
-                break
-            pending = len(seq.tokens) - seq.num_computed
-            is_decode = pending == 1
-            if is_decode and len(decode) >= self.config.max_num_seqs:
-                break
-            if not is_decode and len(prefill) >= self.config.max_prefill_seqs:
-                self._unadmit(seq)
-                break
-            n = 1 if is_decode else min(pending, budget)
-            try:
-                self.blocks.grow(seq.pages, seq.num_computed + n)
-            except OutOfPages:
-                self._unadmit(seq)
-                break
-            self.waiting.popleft()
-            self.running.append(seq)
-            if seq.metrics.first_scheduled_time is None:
-                seq.metrics.first_scheduled_time = self.clock()
-            scheduled.add(seq.request_id)
-            budget -= n
-            if is_decode:
-                decode.append(seq)
-            else:
-                prefill.append((seq, n))
-                if seq.num_computed < len(seq.prompt):
-                    prefilling.add(key)
-        self.waiting.extendleft(reversed(deferred))
-        return decode, prefill
-
-    def _unadmit(self, seq: _Seq) -> None:
-        """Give back seq's pages (swapping its KV to the host first in swap mode)."""
-        if seq.num_computed and self.config.preemption == "swap":
-            seq.swapped = self._kv_blob(seq)
-        self.blocks.release(seq.pages)
-        seq.pages, seq.num_computed = [], 0
+    @property
+    def num_preemptions(self) -> int:
+        return self.scheduler.num_preemptions
 
     # ------------------------------------------------------------------ the step
     def step(self) -> list[RequestOutput]:
@@ -421,9 +263,9 @@ class Engine:
         return finished
 
     def _plan(self) -> StepPlan | None:
-        decode, prefill = self._schedule()
+        decode, prefill = self.scheduler.schedule(self.step_count)
         if not decode and not prefill:
-            if self.seqs and not self.running:
+            if self.seqs and not self.scheduler.num_running:
                 raise SeerError("no request can be scheduled: the KV pool is too small for the "
                                 "smallest waiting request")
             return None
@@ -435,11 +277,11 @@ class Engine:
                             max_pps=self.max_pps, impl=self.runner.impl)
         return StepPlan(decode, prefill, drafts, batch)
 
-    def _execute(self, plan: StepPlan) -> list[tuple[_Seq, list[int], list[float], list]]:
+    def _execute(self, plan: StepPlan) -> list[tuple[Request, list[int], list[float], list]]:
         """Run the step on the device and advance `num_computed`; returns the emissions
         (sequence, tokens, logprobs, top-logprob rows) in emission order."""
         decode, prefill, drafts, batch = plan.decode, plan.prefill, plan.drafts, plan.batch
-        emissions: list[tuple[_Seq, list[int], list[float], list]] = []
+        emissions: list[tuple[Request, list[int], list[float], list]] = []
         if drafts is None:
             toks, lps, top = self.runner.sample(batch, self.config.max_top_logprobs)
             for seq, n in [(s, 1) for s in decode] + prefill:
@@ -459,8 +301,8 @@ class Engine:
             root = seq.num_computed
             for k, node in enumerate(acc_nodes[i, :a].tolist()):
                 if node != k:  # compact the accepted tree path into consecutive slots
-                    src.append(self._slot(seq, root + 1 + node))
-                    dst.append(self._slot(seq, root + 1 + k))
+                    src.append(self.kv.slot(seq, root + 1 + node))
+                    dst.append(self.kv.slot(seq, root + 1 + k))
             seq.num_computed += 1 + a
             seq.metrics.spec_proposed += len(drafts[i])
             seq.metrics.spec_accepted += a
@@ -511,16 +353,13 @@ class Engine:
                     self.spec.on_finish(seq.group_id, seq.request_id)
                 finished.append(self._finish(seq, reason))
             elif drafts is not None:  # roll back pages the rejected draft nodes used
-                keep = self.blocks.pages_for(len(seq.tokens))
-                if len(seq.pages) > keep:
-                    self.blocks.release(seq.pages[keep:])
-                    del seq.pages[keep:]
+                self.kv.trim(seq, len(seq.tokens))
         # register prompt prefixes whose prefill completed this step
         if self.config.prefix_sharing:
             for seq, n in prefill:
                 if seq.request_id in self.seqs and not seq.base_len and seq.num_computed >= len(seq.prompt) \
                         and seq.num_computed - n < len(seq.prompt):
-                    self.blocks.register_prefix(tuple(seq.prompt), seq.pages)
+                    self.kv.register_prefix(seq)
         n_dec = sum(1 + (len(d) if drafts else 0) for d in (drafts or decode))
         n_pre = sum(n for _, n in prefill)
         self.step_stats.append(StepStats(self.step_count, len(decode) + len(prefill), n_dec + n_pre,
@@ -528,11 +367,7 @@ class Engine:
         self.step_count += 1
         return finished
 
-    def _slot(self, seq: _Seq, pos: int) -> int:
-        S = self.config.page_size
-        return seq.pages[pos // S] * S + pos % S
-
-    def _propose(self, decode: list[_Seq]):
+    def _propose(self, decode: list[Request]):
         """Drafts for the decode batch (None: no speculation this step). Each draft fits the
         sequence's remaining token budget and context, and its verify pages are allocated."""
         limits = [min(s.max_tokens - s.num_new, self.max_model_len - len(s.tokens)) - 1 for s in decode]
@@ -546,26 +381,24 @@ class Engine:
                 d = d.truncate(max(room, 0))
             if len(d):
                 try:
-                    self.blocks.grow(seq.pages, seq.num_computed + 1 + len(d))
+                    self.kv.grow(seq, seq.num_computed + 1 + len(d))
                 except OutOfPages:
                     d = d.truncate(0)
             out.append(d)
         return out if any(len(d) for d in out) else None
 
-    def _finish(self, seq: _Seq, reason: str) -> RequestOutput:
+    def _finish(self, seq: Request, reason: str) -> RequestOutput:
         seq.metrics.finish_time = self.clock()
         kv = None
         if seq.keep_kv and reason == "length":
-            kv = self._kv_blob(seq)
-        self.running.remove(seq)
+            kv = self.kv.blob(seq)
         del self.seqs[seq.request_id]
-        self.blocks.release(seq.pages)
-        seq.pages = []
+        self.scheduler.finish(seq)
         out = self._output(seq, reason)
         out.kv = kv
         return out
 
-    def _output(self, seq: _Seq, reason: str) -> RequestOutput:
+    def _output(self, seq: Request, reason: str) -> RequestOutput:
         return RequestOutput(seq.request_id, seq.prompt, seq.output[seq.base_len:], seq.logprobs,
                              seq.tops if seq.sampling.top_logprobs else None, reason, seq.metrics)
 

@@ -8,7 +8,8 @@ import pytest
 
 from seer_jax.engine import model_runner
 from seer_jax.engine.engine import Engine, EngineConfig
-from seer_jax.errors import ConfigError, InputError
+from seer_jax.engine.request import RequestStatus
+from seer_jax.errors import ConfigError, InputError, SeerError
 from seer_jax.model.config import tiny_config
 from seer_jax.model.generate import full_forward, generate
 from seer_jax.model.llama import init_params
@@ -195,3 +196,24 @@ def test_step_stats_and_compiled_steps_are_bounded():
     assert len(model_runner._EXECUTABLES) <= model_runner.MAX_EXECUTABLES
     with pytest.raises(ConfigError, match="max_step_stats"):
         EngineConfig(max_step_stats=0).validate()
+
+
+def test_request_states_follow_the_state_machine_and_steps_record_phases():
+    eng = Engine(CFG, PARAMS, EngineConfig(num_pages=32, page_size=4, max_num_seqs=1))
+    for name, p in zip("abc", PROMPTS, strict=False):
+        eng.add_request(name, p, 4, GREEDY)
+    a, b, c = (eng.seqs[k] for k in "abc")
+    assert {s.status for s in (a, b, c)} == {RequestStatus.WAITING}
+    eng.step()
+    assert a.status is RequestStatus.RUNNING and b.status is RequestStatus.WAITING  # one slot
+    assert eng.running == [a] and list(eng.waiting) == [b, c]
+    assert eng.abort("b").finish_reason == "abort"
+    assert b.status is RequestStatus.FINISHED and list(eng.waiting) == [c]
+    with pytest.raises(SeerError, match="finished -> running is not a valid transition"):
+        b.to(RequestStatus.RUNNING)
+    out = eng.run_until_done()
+    assert sorted(out) == ["a", "c"] and a.status is c.status is RequestStatus.FINISHED
+    assert eng.blocks.num_free + eng.blocks.num_evictable() == eng.blocks.num_pages
+    last = eng.step_stats[-1]
+    assert last.device_s > 0 and last.compile_s == 0
+    assert min(last.plan_s, last.h2d_s, last.d2h_s, last.commit_s) >= 0

@@ -1,0 +1,73 @@
+"""A request inside one engine: its tokens, pages, progress and status.
+
+Status is an explicit state machine (`RequestStatus`), not membership in the scheduler's queues:
+
+    WAITING --admit--> RUNNING --finish / abort--> FINISHED
+       ^                  |
+       +----preempt-------+            WAITING --abort--> FINISHED
+
+WAITING: queued without pages (new, preempted, or carrying imported / swapped-out KV);
+RUNNING: holds pages and is scheduled every step it fits; FINISHED: ended (eos, stop, length,
+abort) and left the engine. Any other transition is a bug and raises.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from typing import TYPE_CHECKING
+
+from seer_jax.errors import SeerError
+from seer_jax.model.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from seer_jax.engine.engine import KVBlob, RequestMetrics
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+_ALLOWED = {
+    RequestStatus.WAITING: (RequestStatus.RUNNING, RequestStatus.FINISHED),
+    RequestStatus.RUNNING: (RequestStatus.WAITING, RequestStatus.FINISHED),
+    RequestStatus.FINISHED: (),
+}
+
+
+@dataclasses.dataclass(eq=False)
+class Request:
+    request_id: str
+    prompt: list[int]
+    output: list[int]  # all generated tokens (earlier submissions + this one)
+    base_len: int  # len(output) at submission
+    max_tokens: int  # new tokens allowed in this submission
+    sampling: SamplingParams
+    metrics: RequestMetrics
+    logprobs: list[float] = dataclasses.field(default_factory=list)
+    tops: list = dataclasses.field(default_factory=list)
+    pages: list[int] = dataclasses.field(default_factory=list)
+    num_computed: int = 0  # positions whose KV is in `pages`
+    swapped: KVBlob | None = None  # KV waiting on the host (imported or swapped out)
+    admitted_at: int = 0  # engine step of the last admission (preemption picks the latest)
+    keep_kv: bool = False
+    group_id: str = ""
+    priority: int = 0
+    status: RequestStatus = RequestStatus.WAITING
+
+    def to(self, status: RequestStatus) -> None:
+        """Move to `status`; SeerError if the state machine does not allow it."""
+        if status not in _ALLOWED[self.status]:
+            raise SeerError(f"request {self.request_id!r}: {self.status.value} -> {status.value} "
+                            "is not a valid transition")
+        self.status = status
+
+    @property
+    def tokens(self) -> list[int]:
+        return self.prompt + self.output
+
+    @property
+    def num_new(self) -> int:
+        return len(self.output) - self.base_len
