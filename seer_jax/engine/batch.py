@@ -147,19 +147,75 @@ def choose_layout(num_decode: int, prefill_tokens: int, max_pages: int, q_dec: i
     return layout
 
 
-def build_batch(decode: Sequence[Any], prefill: Sequence[tuple[Any, int]], drafts, *,
-                page_size: int, max_num_seqs: int, max_prefill_seqs: int,
+class RequestRows:
+    """Per-request step inputs that persist across steps, one row per request that holds pages:
+    its page table, prompt length and sampling parameters. A row is filled when its request gets
+    pages (`acquire`) and then only the page entries that change are written (`set_pages`,
+    `clear_pages`); a step's region page tables are gathers of these rows, and entries past a
+    request's pages are 0."""
+
+    def __init__(self, num_rows: int, max_pps: int):
+        self.pages = np.zeros((num_rows, max_pps), np.int32)
+        self.temperature = np.zeros(num_rows, np.float32)
+        self.top_p = np.ones(num_rows, np.float32)
+        self.top_k = np.zeros(num_rows, np.int32)
+        self.seeds = np.zeros(num_rows, np.uint32)
+        self.prompt_len = np.zeros(num_rows, np.int32)
+        self._free = list(range(num_rows - 1, -1, -1))
+
+    def acquire(self, req) -> None:
+        """Give req a row (if it has none) with its sampling parameters and page table."""
+        if req.row >= 0:
+            return
+        if not self._free:
+            self._grow()
+        r = req.row = self._free.pop()
+        sp = req.sampling
+        self.temperature[r], self.top_p[r], self.top_k[r] = sp.temperature, sp.top_p, sp.top_k
+        self.seeds[r] = sp.seed & 0xFFFFFFFF
+        self.prompt_len[r] = len(req.prompt)
+        self.pages[r, :len(req.pages)] = req.pages
+
+    def set_pages(self, req, start: int) -> None:
+        """req.pages[start:] changed (appended)."""
+        self.pages[req.row, start:len(req.pages)] = req.pages[start:]
+
+    def clear_pages(self, req, start: int, end: int) -> None:
+        """req's page entries [start, end) were given back."""
+        self.pages[req.row, start:end] = 0
+
+    def release(self, req, num_pages: int) -> None:
+        """req gives back its row (its first num_pages entries are cleared)."""
+        if req.row >= 0:
+            self.pages[req.row, :num_pages] = 0
+            self._free.append(req.row)
+            req.row = -1
+
+    def _grow(self) -> None:
+        n = len(self.temperature)
+        self.pages = np.concatenate([self.pages, np.zeros_like(self.pages)])
+        for name in ("temperature", "top_p", "top_k", "seeds", "prompt_len"):
+            old = getattr(self, name)
+            setattr(self, name, np.concatenate([old, np.full_like(old, 1 if name == "top_p" else 0)]))
+        self._free.extend(range(2 * n - 1, n - 1, -1))
+
+
+def build_batch(decode: Sequence[Any], prefill: Sequence[tuple[Any, int]], drafts,
+                rows: RequestRows, *, page_size: int, max_num_seqs: int, max_prefill_seqs: int,
                 max_num_batched_tokens: int, max_pps: int, impl: str) -> StepBatch:
-    """Padded arrays for one step. `decode`: sequences with one pending token; `prefill`:
-    (sequence, tokens to compute). With `drafts` (one per decode sequence), each decode
-    sequence carries [pending token, draft nodes...] as a token tree and every one of its tokens
-    gets a logits row. A sequence exposes `tokens`, `num_computed`, `pages`, `sampling` and
-    `output`."""
+    """Padded arrays for one step. `decode`: requests with one pending token; `prefill`:
+    (request, tokens to compute). With `drafts` (one per decode request), each decode request
+    carries [pending token, draft nodes...] as a token tree and every one of its tokens gets a
+    logits row. Requests (`request.Request`) hold rows of `rows`; the decode region is gathered
+    from those rows with a few array operations, whatever the batch size and context."""
     S = page_size
-    all_seqs = list(decode) + [s for s, _ in prefill]
+    n_dec = len(decode)
     q_dec = 1 if drafts is None else bucket(1 + max(len(d) for d in drafts), 2)
-    layout = choose_layout(len(decode), sum(n for _, n in prefill),
-                           max(len(s.pages) for s in all_seqs), q_dec,
+    d_rows = np.fromiter((s.row for s in decode), np.intp, n_dec)
+    d_computed = np.fromiter((s.num_computed for s in decode), np.int32, n_dec)
+    max_pages = max(max((len(s.pages) for s in decode), default=0),
+                    max((len(s.pages) for s, _ in prefill), default=0))
+    layout = choose_layout(n_dec, sum(n for _, n in prefill), max_pages, q_dec,
                            max_num_seqs=max_num_seqs, max_prefill_seqs=max_prefill_seqs,
                            max_num_batched_tokens=max_num_batched_tokens, max_pps=max_pps,
                            impl=impl)
@@ -173,61 +229,71 @@ def build_batch(decode: Sequence[Any], prefill: Sequence[tuple[Any, int]], draft
     top_k = np.zeros(R, np.int32)
     seeds = np.zeros(R, np.uint32)
     gen_index = np.zeros(R, np.int32)
-    rows: list[tuple[Any, int]] = []
+    row_of: list[tuple[Any, int]] = []
 
-    def set_row(row, seq):
-        sp = seq.sampling
-        temperature[row], top_p[row], top_k[row] = sp.temperature, sp.top_p, sp.top_k
-        seeds[row] = sp.seed & 0xFFFFFFFF
-        gen_index[row] = len(seq.output)
-
-    def region(n_slots, items, token_start, row_start, row_stride=1) -> Region:
-        cu = np.zeros(n_slots + 1, np.int32)
-        kv_lens = np.zeros(n_slots, np.int32)
-        pages = np.zeros((n_slots, layout.pps), np.int32)
-        t = token_start
-        for i, (seq, n) in enumerate(items):
-            toks = seq.tokens
-            start = seq.num_computed
-            pos = np.arange(start, start + n)
-            tokens[t:t + n] = toks[start:start + n]
-            positions[t:t + n] = pos
-            pg = np.asarray(seq.pages, np.int64)
-            slots[t:t + n] = pg[pos // S] * S + pos % S
-            cu[i + 1] = cu[i] + n
-            kv_lens[i] = start + n
-            pages[i, :len(seq.pages)] = seq.pages
-            t += n
-            if start + n == len(toks):  # the last pending token: sample after it
-                row = row_start + i * row_stride
-                logits_index[row] = t - 1
-                set_row(row, seq)
-                rows.append((seq, row))
-        cu[len(items) + 1:] = cu[len(items)]
-        return Region(cu, kv_lens, pages, len(items))
+    def sampling_rows(out_rows, req_rows, generated):
+        temperature[out_rows], top_p[out_rows] = rows.temperature[req_rows], rows.top_p[req_rows]
+        top_k[out_rows], seeds[out_rows] = rows.top_k[req_rows], rows.seeds[req_rows]
+        gen_index[out_rows] = generated
 
     split = layout.n_dec * layout.q_dec
     dec = pre = tree = None
     if layout.n_dec:
-        dec = region(layout.n_dec, [(s, 1) for s in decode], 0, 0, layout.q_dec)
-    if drafts is not None:
-        dec, tree = _draft_region(layout, dec, decode, drafts, tokens, positions, slots,
-                                  logits_index, S)
+        cu = np.zeros(layout.n_dec + 1, np.int32)
+        kv_lens = np.zeros(layout.n_dec, np.int32)
+        pages = np.zeros((layout.n_dec, layout.pps), np.int32)
+        pages[:n_dec] = rows.pages[d_rows, :layout.pps]
+        out_rows = np.arange(n_dec) * layout.q_dec
+        # the pending token sits at position num_computed; the request has generated
+        # num_computed + 1 - len(prompt) tokens
+        sampling_rows(out_rows, d_rows, d_computed + 1 - rows.prompt_len[d_rows])
+        row_of.extend(zip(decode, out_rows.tolist(), strict=True))
+        if drafts is None:
+            tokens[:n_dec] = np.fromiter((s.token_ids[s.num_computed] for s in decode), np.int32, n_dec)
+            positions[:n_dec] = d_computed
+            slots[:n_dec] = rows.pages[d_rows, d_computed // S] * S + d_computed % S
+            cu[1:n_dec + 1] = np.arange(1, n_dec + 1)
+            kv_lens[:n_dec] = d_computed + 1
+            logits_index[:n_dec] = np.arange(n_dec)
+        else:
+            tree = _draft_region(layout, decode, drafts, rows, tokens, positions, slots,
+                                 logits_index, cu, kv_lens, S)
+        cu[n_dec + 1:] = cu[n_dec]
+        dec = Region(cu, kv_lens, pages, n_dec)
     if layout.n_pre:
-        pre = region(layout.n_pre, prefill, split, split)
+        cu = np.zeros(layout.n_pre + 1, np.int32)
+        kv_lens = np.zeros(layout.n_pre, np.int32)
+        pages = np.zeros((layout.n_pre, layout.pps), np.int32)
+        t = split
+        for i, (seq, n) in enumerate(prefill):
+            start = seq.num_computed
+            pos = np.arange(start, start + n)
+            tokens[t:t + n] = seq.token_ids[start:start + n]
+            positions[t:t + n] = pos
+            table = rows.pages[seq.row]
+            slots[t:t + n] = table[pos // S] * S + pos % S
+            cu[i + 1] = cu[i] + n
+            kv_lens[i] = start + n
+            pages[i] = table[:layout.pps]
+            t += n
+            if start + n == seq.num_tokens:  # the last pending token: sample after it
+                row = split + i
+                logits_index[row] = t - 1
+                sampling_rows(row, seq.row, len(seq.output))
+                row_of.append((seq, row))
+        cu[len(prefill) + 1:] = cu[len(prefill)]
+        pre = Region(cu, kv_lens, pages, len(prefill))
     return StepBatch(layout, tokens, positions, slots, logits_index, temperature, top_p, top_k,
-                     seeds, gen_index, dec, pre, tree, tuple(rows))
+                     seeds, gen_index, dec, pre, tree, tuple(row_of))
 
 
-def _draft_region(layout: Layout, dec: Region, decode, drafts, tokens, positions, slots,
-                  logits_index, S: int) -> tuple[Region, DraftTree]:
-    """Re-lay the decode region as [pending token, draft nodes...] per sequence."""
+def _draft_region(layout: Layout, decode, drafts, rows: RequestRows, tokens, positions, slots,
+                  logits_index, cu, kv_lens, S: int) -> DraftTree:
+    """Lay the decode region out as [pending token, draft nodes...] per request."""
     from seer_jax.engine.speculation import verify_parents
 
     q = layout.q_dec
     n_nodes = q - 1
-    cu = np.zeros(layout.n_dec + 1, np.int32)
-    kv_lens = dec.kv_lens
     parents = np.full(layout.n_dec * q, -1, np.int32)
     d_tokens = np.zeros((layout.n_dec, n_nodes), np.int32)
     d_parents = np.full((layout.n_dec, n_nodes), -1, np.int32)
@@ -236,13 +302,12 @@ def _draft_region(layout: Layout, dec: Region, decode, drafts, tokens, positions
     for i, (seq, d) in enumerate(zip(decode, drafts, strict=True)):
         n = len(d)
         root = seq.num_computed
-        tokens[t] = seq.tokens[-1]
+        tokens[t] = seq.token_ids[root]
         tokens[t + 1:t + 1 + n] = d.tokens
         positions[t] = root
         positions[t + 1:t + 1 + n] = root + d.depths()
         pos = root + np.arange(n + 1)
-        pg = np.asarray(seq.pages, np.int64)
-        slots[t:t + 1 + n] = pg[pos // S] * S + pos % S
+        slots[t:t + 1 + n] = rows.pages[seq.row, pos // S] * S + pos % S
         parents[t:t + 1 + n] = verify_parents(d)
         logits_index[i * q:i * q + 1 + n] = np.arange(t, t + 1 + n)
         kv_lens[i] = root + 1 + n
@@ -251,7 +316,4 @@ def _draft_region(layout: Layout, dec: Region, decode, drafts, tokens, positions
         d_parents[i, :n] = d.parents
         num_draft[i] = n
         t += 1 + n
-    cu[len(decode) + 1:] = cu[len(decode)]
-    slots[t:layout.n_dec * q] = -1
-    return (Region(cu, kv_lens, dec.pages, dec.num),
-            DraftTree(parents, d_tokens, d_parents, num_draft))
+    return DraftTree(parents, d_tokens, d_parents, num_draft)

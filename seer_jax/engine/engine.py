@@ -20,7 +20,7 @@ from collections.abc import Callable
 from jax.sharding import Mesh
 
 from seer_jax.engine.attention_backend import ENGINE_IMPLS
-from seer_jax.engine.batch import StepBatch, build_batch
+from seer_jax.engine.batch import RequestRows, StepBatch, build_batch
 from seer_jax.engine.block_manager import BlockManager, OutOfPages
 from seer_jax.engine.kv_cache import KVBlob, KVCacheManager
 from seer_jax.engine.model_runner import ModelRunner
@@ -149,12 +149,13 @@ class Engine:
             max_seqs=max(config.max_num_seqs, config.max_prefill_seqs),
             pages_per_seq=self.blocks.pages_for(self.max_model_len),
             max_tokens=max(config.max_num_batched_tokens, config.max_num_seqs * 8))
-        self.kv = KVCacheManager(self.blocks, self.runner, config.prefix_sharing)
+        self.max_pps = self.blocks.pages_for(self.max_model_len)
+        rows = RequestRows(max(config.max_num_seqs, config.max_prefill_seqs) + 2, self.max_pps)
+        self.kv = KVCacheManager(self.blocks, self.runner, config.prefix_sharing, rows)
         self.scheduler = Scheduler(config, self.kv, clock)
         self.seqs: dict[str, Request] = {}
         self.step_count = 0
         self.step_stats: collections.deque[StepStats] = collections.deque(maxlen=config.max_step_stats)
-        self.max_pps = self.blocks.pages_for(self.max_model_len)
         if speculator is None and config.speculation:
             from seer_jax.engine.speculation import Speculator
 
@@ -201,9 +202,9 @@ class Engine:
         if kv is not None:
             if kv.prompt_ids != prompt or kv.output_ids != list(output_ids):
                 raise InputError(f"request {request_id!r}: KV blob tokens do not match the request")
-            if kv.num_computed >= len(seq.tokens):
+            if kv.num_computed >= seq.num_tokens:
                 raise InputError(f"request {request_id!r}: KV blob covers {kv.num_computed} tokens, "
-                                 f"expected fewer than {len(seq.tokens)}")
+                                 f"expected fewer than {seq.num_tokens}")
             seq.swapped = kv
         self.seqs[request_id] = seq
         self.scheduler.add(seq)
@@ -271,7 +272,7 @@ class Engine:
             return None
         drafts = self._propose(decode) if self.spec is not None and decode else None
         c = self.config
-        batch = build_batch(decode, prefill, drafts, page_size=c.page_size,
+        batch = build_batch(decode, prefill, drafts, self.kv.rows, page_size=c.page_size,
                             max_num_seqs=c.max_num_seqs, max_prefill_seqs=c.max_prefill_seqs,
                             max_num_batched_tokens=c.max_num_batched_tokens,
                             max_pps=self.max_pps, impl=self.runner.impl)
@@ -286,12 +287,13 @@ class Engine:
             toks, lps, top = self.runner.sample(batch, self.config.max_top_logprobs)
             for seq, n in [(s, 1) for s in decode] + prefill:
                 seq.num_computed += n
+            toks, lps = toks.tolist(), lps.tolist()
             for seq, row in batch.rows:
                 tops = []
                 if seq.sampling.top_logprobs:
                     k = seq.sampling.top_logprobs
                     tops = [list(zip(top[0][row, :k].tolist(), top[1][row, :k].tolist(), strict=True))]
-                emissions.append((seq, [int(toks[row])], [float(lps[row])], tops))
+                emissions.append((seq, [toks[row]], [lps[row]], tops))
             return emissions
         (d_toks, d_lps, n_acc, acc_nodes), pre = self.runner.verify(batch)
         src, dst = [], []
@@ -333,7 +335,7 @@ class Engine:
             reason = None
             n_out = 0
             for j, tok in enumerate(toks_e):
-                seq.output.append(tok)
+                seq.append_token(tok)
                 seq.logprobs.append(float(lps_e[j]))
                 if tops_e:
                     seq.tops.append(tops_e[j])
@@ -353,7 +355,7 @@ class Engine:
                     self.spec.on_finish(seq.group_id, seq.request_id)
                 finished.append(self._finish(seq, reason))
             elif drafts is not None:  # roll back pages the rejected draft nodes used
-                self.kv.trim(seq, len(seq.tokens))
+                self.kv.trim(seq, seq.num_tokens)
         # register prompt prefixes whose prefill completed this step
         if self.config.prefix_sharing:
             for seq, n in prefill:
@@ -370,13 +372,13 @@ class Engine:
     def _propose(self, decode: list[Request]):
         """Drafts for the decode batch (None: no speculation this step). Each draft fits the
         sequence's remaining token budget and context, and its verify pages are allocated."""
-        limits = [min(s.max_tokens - s.num_new, self.max_model_len - len(s.tokens)) - 1 for s in decode]
+        limits = [min(s.max_tokens - s.num_new, self.max_model_len - s.num_tokens) - 1 for s in decode]
         drafts = self.spec.propose(decode, limits)
         if drafts is None:
             return None
         out = []
         for seq, d in zip(decode, drafts, strict=True):
-            room = self.max_model_len - len(seq.tokens)
+            room = self.max_model_len - seq.num_tokens
             if len(d) > room:
                 d = d.truncate(max(room, 0))
             if len(d):

@@ -17,6 +17,8 @@ import dataclasses
 import enum
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from seer_jax.errors import SeerError
 from seer_jax.model.sampling_params import SamplingParams
 
@@ -39,6 +41,11 @@ _ALLOWED = {
 
 @dataclasses.dataclass(eq=False)
 class Request:
+    """Tokens live in `token_ids` [len(prompt) + len(output at submission) + max_tokens] int32,
+    allocated once and appended in place (`append_token`); the first `num_tokens` are valid.
+    `prompt` and `output` stay as lists for outputs and prefix keys. `row`: the request's row of
+    the persistent step rows (`batch.RequestRows`) while it holds pages, else -1."""
+
     request_id: str
     prompt: list[int]
     output: list[int]  # all generated tokens (earlier submissions + this one)
@@ -56,6 +63,15 @@ class Request:
     group_id: str = ""
     priority: int = 0
     status: RequestStatus = RequestStatus.WAITING
+    row: int = -1
+
+    def __post_init__(self) -> None:
+        n_prompt, n = len(self.prompt), len(self.prompt) + len(self.output)
+        self.token_ids = np.empty(n + self.max_tokens, np.int32)
+        self.token_ids[:n_prompt] = self.prompt
+        self.token_ids[n_prompt:n] = self.output
+        self.num_tokens = n
+        self.prompt_key = tuple(self.prompt)  # prefix-cache key
 
     def to(self, status: RequestStatus) -> None:
         """Move to `status`; SeerError if the state machine does not allow it."""
@@ -64,9 +80,20 @@ class Request:
                             "is not a valid transition")
         self.status = status
 
+    def append_token(self, token: int) -> None:
+        self.token_ids[self.num_tokens] = token
+        self.num_tokens += 1
+        self.output.append(token)
+
     @property
-    def tokens(self) -> list[int]:
-        return self.prompt + self.output
+    def tokens(self) -> np.ndarray:
+        """[num_tokens] int32 view: prompt, then every generated token."""
+        return self.token_ids[:self.num_tokens]
+
+    @property
+    def num_pending(self) -> int:
+        """Tokens whose KV is not computed yet (1: a decode)."""
+        return self.num_tokens - self.num_computed
 
     @property
     def num_new(self) -> int:

@@ -67,10 +67,10 @@ class Scheduler:
         scheduled: set[str] = set()
         # 1. running requests: decodes (one pending token) first, then prefill chunks.
         for seq in sorted(self._running.values(),
-                          key=lambda s: (len(s.tokens) - s.num_computed > 1, s.admitted_at)):
+                          key=lambda s: (s.num_tokens - s.num_computed > 1, s.admitted_at)):
             if seq.status is not RequestStatus.RUNNING:  # preempted making room for an earlier one
                 continue
-            pending = len(seq.tokens) - seq.num_computed
+            pending = seq.num_tokens - seq.num_computed
             if pending == 1:
                 if len(decode) >= c.max_num_seqs or budget < 1:
                     continue
@@ -86,13 +86,13 @@ class Scheduler:
             (decode.append(seq) if n == 1 and pending == 1 else prefill.append((seq, n)))
         # 2. admit waiting requests while the budget and pages allow (FCFS; group-mates of a
         #    prompt being prefilled wait for its pages so they can share them).
-        prefilling = {tuple(s.prompt) for s, _ in prefill if s.num_computed < len(s.prompt)}
-        prefilling |= {tuple(s.prompt) for s in self._running.values()
+        prefilling = {s.prompt_key for s, _ in prefill if s.num_computed < len(s.prompt)}
+        prefilling |= {s.prompt_key for s in self._running.values()
                        if s.num_computed < len(s.prompt)}
         deferred = []
         while self.waiting and budget > 0 and len(self._running) < c.max_num_seqs:
             seq = self.waiting[0]
-            key = tuple(seq.prompt)
+            key = seq.prompt_key
             if (c.prefix_sharing and not seq.output and seq.swapped is None
                     and key in prefilling):
                 deferred.append(self.waiting.popleft())
@@ -100,7 +100,7 @@ class Scheduler:
             if not self.kv.start(seq):
                 break
             seq.admitted_at = step
-            pending = len(seq.tokens) - seq.num_computed
+            pending = seq.num_tokens - seq.num_computed
             is_decode = pending == 1
             if is_decode and len(decode) >= c.max_num_seqs:
                 break
