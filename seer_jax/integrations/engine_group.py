@@ -166,6 +166,8 @@ class EngineGroup:
         n = len(prompts) + len(self.carry)
         if n == 0:
             return []
+        if not prompts:  # a drain: the carried groups keep their own size
+            group_size = len(self.carry.groups[0].records)
         check_group_sizes(prompts, [group_size] * len(prompts))
         version = self.policy_version
         ids = self.carry.new_group_ids(len(prompts))

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from seer_jax.errors import ConfigError
+from seer_jax.errors import ConfigError, InputError
 from seer_jax.rollout.backends.kv_pool import HostKVPool
 from seer_jax.rollout.core.carry import CarryOver, version_stats
 from seer_jax.rollout.core.run import rollout
@@ -100,3 +100,10 @@ def test_without_carry_target_groups_is_refused_and_default_waits_for_all():
     carry = CarryOver()
     out = call(carry, prompts[0], lengths, pool, target=None, version=0)
     assert len(out.results) == 4 * G and len(carry) == 0
+    partial = CarryOver()
+    prompts6, lengths6 = batches(1, 6)
+    call(partial, prompts6[0], lengths6, pool, target=2, version=0)
+    assert len(partial) > 0
+    with pytest.raises(InputError, match=r"group_size=2 but the carried groups have \[3\]"):
+        rollout([], group_size=2, max_tokens=MAX, pool=pool, carry=partial,
+                instances=make_sim_instances(2, lengths6, pool=pool))

@@ -6,7 +6,7 @@ import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from seer_jax.errors import ConfigError
+from seer_jax.errors import ConfigError, InputError
 from seer_jax.rollout.core.carry import CarryOver, combined_groups
 from seer_jax.rollout.core.concurrent_driver import ConcurrentDriver
 from seer_jax.rollout.core.controller import (
@@ -73,6 +73,10 @@ def rollout(
     Returns every response (group order, then sample order) and the rollout report.
     """
     if carry is not None:
+        sizes = sorted({len(g.records) for g in carry.groups} - {group_size})
+        if sizes:
+            raise InputError(f"group_size={group_size} but the carried groups have {sizes} "
+                             "samples; a carry-over call keeps the group size of the calls before")
         groups, group_ids = combined_groups(carry, groups, group_ids)
     elif target_groups is not None:
         raise ConfigError(f"target_groups={target_groups!r} without carry is invalid: the "
