@@ -3,6 +3,8 @@ slices stepped in turn, object-store KV pool transfer rate, and recovery from a 
 
 Usage (a 2-core box takes about 2.5 minutes at 256 x 4, 4.5 at the default 768 x 6, 9 at 1024 x 8):
   python benchmarks/distributed.py [--hidden 256 --layers 4] [--shared-cores] --json PATH
+  python benchmarks/distributed.py --speculation [--model smollm2|random] --json PATH
+    (grouped speculation on Ray vs in process: see benchmarks/distributed_spec.py)
 
 Workload: a random model (`--hidden` 768, `--layers` 6 by default: steps of tens of ms, compute-
 bound like a device step; at 256 x 4 a step is ~5 ms of host-bound work), `--groups` prompts x
@@ -180,11 +182,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--child", choices=["in_process", "in_turn_one_core"], default=None,
                     help=argparse.SUPPRESS)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--speculation", action="store_true",
+                    help="grouped speculation rows instead (see benchmarks/distributed_spec.py)")
+    ap.add_argument("--model", choices=["smollm2", "random"], default="smollm2",
+                    help="with --speculation: SmolLM2 on natural prompts, or the random model")
+    ap.add_argument("--cost-model", default="smollm2-135m",
+                    help="with --speculation: the roofline model of the modelled rows")
     args = ap.parse_args(argv)
     global CFG
     CFG = model_config(args.hidden, args.layers)
     params = init_params(CFG, seed=3)
     prompts = workload(args.groups)
+    if args.speculation:
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        import distributed_spec
+
+        return distributed_spec.main(args, (CFG, params, prompts))
     if args.child is not None:  # a child process: in-process runs, results to --json
         if args.child == "in_turn_one_core":
             out, res = inprocess(params, prompts, args.max_tokens, "wall")

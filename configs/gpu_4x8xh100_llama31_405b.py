@@ -28,6 +28,10 @@ def get_config():
     # one Ray actor and one bundle of 8 GPUs per host, each host its own (STRICT_SPREAD); the two
     # hosts of a slice run one engine under jax.distributed
     c.backend.update(dict(kind="ray", resource="GPU", strategy="STRICT_SPREAD", hosts_per_slice=2))
+    # grouped speculation: every engine actor drafts from its replica of the draft service
+    # (2 shard actors; replicas at most one step stale)
+    c.engine.speculation = True
+    c.draft_service.update(dict(shards=2, max_stale_steps=1, sync_every_steps=1))
     c.policies = "seer"
     c.controller.chunk_size = 2048
     c.sampling.update(dict(group_size=8, max_tokens=8192, max_prompt_length=1024,

@@ -23,6 +23,10 @@ def get_config():
                          max_num_batched_tokens=8192, max_prefill_seqs=8, max_model_len=17408))
     # one Ray actor per tp2 slice, all four on this host
     c.backend.update(dict(kind="ray", resource="GPU", strategy="PACK"))
+    # grouped speculation: every engine actor drafts from its replica of the draft service
+    # (1 shard actor; replicas at most one step stale)
+    c.engine.speculation = True
+    c.draft_service.update(dict(shards=1, max_stale_steps=1, sync_every_steps=1))
     c.policies = "seer"
     c.controller.chunk_size = 2048
     c.sampling.update(dict(group_size=8, max_tokens=16384, max_prompt_length=1024,

@@ -23,6 +23,10 @@ def get_config():
                          max_num_batched_tokens=8192, max_prefill_seqs=8, max_model_len=33792))
     # one Ray actor per slice, each slice on its own host (4 chips = one v5p host)
     c.backend.update(dict(kind="ray", resource="TPU", strategy="STRICT_SPREAD"))
+    # grouped speculation: every engine actor drafts from its replica of the draft service
+    # (2 shard actors; replicas at most one step stale)
+    c.engine.speculation = True
+    c.draft_service.update(dict(shards=2, max_stale_steps=1, sync_every_steps=1))
     c.policies = "seer"
     c.controller.chunk_size = 8192
     c.sampling.update(dict(group_size=16, max_tokens=32768, max_prompt_length=1024,

@@ -37,15 +37,19 @@ def _tokens(token_ids: Iterable[int]) -> np.ndarray:
 
 @dataclasses.dataclass(frozen=True)
 class DraftAppend:
-    """Tokens appended to a request of a group (request_id None: the group's prompt)."""
+    """Tokens appended to a request of a group (request_id None: the group's prompt).
+    start: where token_ids[0] sits in the request's output (the prompt: 0), so a replica can
+    apply a message it partly has already exactly once; -1 = at the end (position unknown)."""
 
     group_id: str
     request_id: str | None
     token_ids: np.ndarray  # int32 [n]
+    start: int = -1
 
     @staticmethod
-    def make(group_id: str, request_id: str | None, token_ids: Iterable[int]) -> DraftAppend:
-        return DraftAppend(group_id, request_id, _tokens(token_ids))
+    def make(group_id: str, request_id: str | None, token_ids: Iterable[int],
+             start: int = -1) -> DraftAppend:
+        return DraftAppend(group_id, request_id, _tokens(token_ids), start)
 
 
 @dataclasses.dataclass(frozen=True)

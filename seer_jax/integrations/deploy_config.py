@@ -46,7 +46,13 @@ def default_config() -> ml_collections.ConfigDict:
     ))
     c.engine = ml_collections.ConfigDict(dict(
         page_size=16, num_pages=256, kv_memory_gib=0.0, max_num_seqs=32,
-        max_num_batched_tokens=128, max_prefill_seqs=4, max_model_len=0))
+        max_num_batched_tokens=128, max_prefill_seqs=4, max_model_len=0,
+        speculation=False))  # grouped speculative decoding
+    # the grouped draft service with backend kind "ray": shard actors (groups hashed over them);
+    # each engine actor drafts from a local replica, pushing and pulling every sync_every_steps
+    # steps and waiting for a pull only once it is max_stale_steps steps old
+    c.draft_service = ml_collections.ConfigDict(dict(shards=1, max_stale_steps=1,
+                                                     sync_every_steps=1))
     c.policies = "seer"  # the scheduling policy (one name)
     c.controller = ml_collections.ConfigDict(dataclasses.asdict(ControllerConfig(chunk_size=64)))
     c.policy = default_policy_options()  # policy.<name>.<option>
@@ -167,6 +173,7 @@ def validate_config(c: ml_collections.ConfigDict, num_devices: int | None = None
             f"weights {per_device / 2**30:.2f} GiB + KV {kv_per_device:.2f} GiB per device must fit "
             f"mesh.hbm_gib_per_device={hbm}")
     backend = validate_backend(c)
+    draft = draft_service_config(c)
     t = c.trainer
     for key in ("num_steps", "batch_size"):
         if not isinstance(t[key], int) or t[key] < 1:
@@ -179,7 +186,20 @@ def validate_config(c: ml_collections.ConfigDict, num_devices: int | None = None
         "kv_tokens_per_instance": int(kv_gib * 2**30 // cfg.kv_bytes_per_token()),
         "responses_per_step": t.batch_size * s.group_size,
         "backend": c.backend.kind, "ray_bundles": backend,
+        "draft_service_shards": draft.shards if eng.speculation and c.backend.kind == "ray" else 0,
     }
+
+
+def draft_service_config(c: ml_collections.ConfigDict):
+    """The `SyncConfig` of config.draft_service (ConfigError naming the key when bad)."""
+    from seer_jax.drafting.replicated import SyncConfig
+
+    d = c.draft_service.to_dict()
+    unknown = sorted(set(d) - {"shards", "max_stale_steps", "sync_every_steps"})
+    if unknown:
+        raise ConfigError(f"config.draft_service.{unknown[0]} is unknown; allowed keys: shards, "
+                          "max_stale_steps, sync_every_steps")
+    return SyncConfig(**d).validate("config.draft_service.")
 
 
 PLATFORM_RESOURCE = {"cpu": "CPU", "gpu": "GPU", "tpu": "TPU"}

@@ -36,7 +36,9 @@ class RayEngineGroup:
                  engine_config: EngineConfig, eos_ids: tuple[int, ...] | None = None,
                  policy: str = "seer", controller_config: dict[str, Any] | None = None,
                  policy_options: dict[str, Any] | None = None,
-                 ray_backend: RayBackendConfig | None = None):
+                 ray_backend: RayBackendConfig | None = None, draft_service: Any = None):
+        """draft_service: the `SyncConfig` of the draft service when engine_config.speculation
+        is on (default: one shard, one step stale)."""
         from seer_jax.rollout.backends.ray_group import make_ray_instances
 
         self.cfg = cfg
@@ -45,10 +47,12 @@ class RayEngineGroup:
         self.policy_options = dict(policy_options or {})
         self.policy_version = 0
         self.last_backend: str | None = None
+        self._rollouts = 0
         self._host = _host_params(params)
         self.actors = make_ray_instances(cfg, self._host, num_instances=num_instances, tp=max(tp, 1),
                                          engine_config=engine_config, backend=ray_backend,
-                                         dtype=cfg.dtype, eos_ids=eos_ids)
+                                         dtype=cfg.dtype, eos_ids=eos_ids,
+                                         draft_service=draft_service)
 
     # ------------------------------------------------------------------ weights
     def update_params(self, params: Params) -> int:
@@ -73,9 +77,16 @@ class RayEngineGroup:
         if not prompts:
             return []
         version = self.policy_version
+        group_ids = None
+        if self.actors.draft is not None:
+            # grouped speculation: the draft service forgets the last rollout's groups, and
+            # this rollout's group ids are its own (a late append of the last one lands apart)
+            self.actors.draft.new_rollout()
+            group_ids = [f"r{self._rollouts}/g{i}" for i in range(len(prompts))]
+        self._rollouts += 1
         out = rollout([list(p) for p in prompts], group_size=max(group_sizes), max_tokens=max_tokens,
                       instances=self.actors.instances, sampling=dataclasses.replace(sampling, seed=seed),
-                      policy=self.policy, pool=self.actors.pool,
+                      policy=self.policy, pool=self.actors.pool, group_ids=group_ids,
                       config={"chunk_size": max_tokens, **self.controller_config},
                       clock="concurrent", policy_options=self.policy_options)
         self.last_backend = "ray"

@@ -65,7 +65,8 @@ class SeerRollout(base_rollout.BaseRollout):
                  controller_config: dict[str, Any] | None = None, backend: str = "auto",
                  policy_options: dict[str, Any] | None = None,
                  param_mapping: ParamMapping | None = None, rules: ShardingRules = ShardingRules(),
-                 lora_alpha: float | None = None, ray_backend: RayBackendConfig | None = None):
+                 lora_alpha: float | None = None, ray_backend: RayBackendConfig | None = None,
+                 draft_service: Any = None):
         if backend not in BACKENDS:
             raise ConfigError(f"backend={backend!r}: allowed {list(BACKENDS)}")
         family = family_of(rollout_actor)
@@ -114,7 +115,8 @@ class SeerRollout(base_rollout.BaseRollout):
             self.group = RayEngineGroup(cfg, params, num_instances=num_instances, tp=tp,
                                         engine_config=engine_config, eos_ids=eos_ids,
                                         policy=policy, controller_config=controller_config,
-                                        policy_options=policy_options, ray_backend=ray_backend)
+                                        policy_options=policy_options, ray_backend=ray_backend,
+                                        draft_service=draft_service)
         else:
             devices = list(mesh.devices.flat) if mesh is not None and not mesh.empty else jax.devices()
             meshes = slice_meshes(devices, num_instances, tp)

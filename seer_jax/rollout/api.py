@@ -23,6 +23,7 @@ from seer_jax.rollout.backends.ray_cluster import RayBackendConfig
 from seer_jax.rollout.config import (  # noqa: F401 (bench_config, default_config: re-exported)
     bench_config,
     default_config,
+    draft_sync_config,
     mooncake_config,
     validate_config,
 )
@@ -135,6 +136,7 @@ def run_rollout(c: ml_collections.ConfigDict,
                 progress=progress(policy) if progress else None, detokenize=tok.decode,
                 fault=dataclasses.replace(fault) if fault else None,
                 replacer=ray_group.replacer(), **journaled)
+            out.report.draft_service = ray_group.draft_stats()
             if journal is not None:
                 journal.policy_done(out.report.to_json()["report"])
             outputs[policy] = out
@@ -281,11 +283,23 @@ def _ray_group(c, cfg, engine_cfg, eos, group, pool_factory=None):
                                step_timeout_s=c.ray_step_timeout_s,
                                hosts_per_slice=c.ray_hosts_per_slice,
                                pipeline_depth=c.ray_pipeline_depth)
+    budget = None
+    if c.speculation:
+        import functools
+
+        from seer_jax.drafting.budget import SpeculationBudget
+
+        # built on each actor: the speculation budget works per actor
+        budget = functools.partial(SpeculationBudget.from_profile_json, c.spec_profile or None)
     # each actor loads the weights itself from the model name/path (no copy in the object store)
     return make_ray_instances(cfg, c.model, num_instances=c.num_instances, tp=c.tp,
-                              engine_config=engine_cfg, backend=backend, dtype=c.dtype,
+                              engine_config=dataclasses.replace(engine_cfg, speculation=c.speculation),
+                              backend=backend, dtype=c.dtype,
                               eos_ids=eos, record_steps=True, replace_lost=c.ray_replace_lost,
-                              pool_factory=pool_factory)
+                              pool_factory=pool_factory, draft_service=draft_sync_config(c),
+                              spec_budget=budget,
+                              fault_kill_draft_service_after_chunks=(
+                                  c.fault_kill_draft_service_after_chunks))
 
 
 def write_trace(path: str | pathlib.Path, results) -> None:

@@ -83,6 +83,16 @@ def default_config() -> ml_collections.ConfigDict:
         max_num_batched_tokens=256, max_prefill_seqs=4,
         impl="auto"))  # attention: auto | reference | cpu | tpu | gpu
     c.speculation = False  # grouped speculative decoding (one shared group draft service)
+    # the draft service of backend "ray" (its shards are Ray actors; every engine actor drafts
+    # from a local replica): groups hashed over `shards` actors; a replica pushes its tokens and
+    # pulls the others' every `sync_every_steps` steps, and waits for a pull once it is
+    # `max_stale_steps` steps old (0 = every step waits: the service on the critical path)
+    c.draft_service = ml_collections.ConfigDict(dict(shards=1, max_stale_steps=1,
+                                                     sync_every_steps=1))
+    # fault injection (backend "ray", speculation): kill the draft-service shard holding the
+    # first group after N chunks ended (-1 = off); it is rebuilt from the controller's record
+    # and the replicas
+    c.fault_kill_draft_service_after_chunks = -1
     c.spec_profile = ""  # step-time profile JSON from `seer-jax bench --profile` ("" = cost model)
     c.trace_out = ""  # write a JSONL length trace (for `seer-jax simulate`)
     return c
@@ -124,6 +134,18 @@ def mooncake_config(c: ml_collections.ConfigDict):
         raise ConfigError(f"config.{e}") from None
 
 
+def draft_sync_config(c: ml_collections.ConfigDict):
+    """The `SyncConfig` of `config.draft_service` (ConfigError naming the key when bad)."""
+    from seer_jax.drafting.replicated import SyncConfig
+
+    d = c.draft_service.to_dict()
+    unknown = sorted(set(d) - {"shards", "max_stale_steps", "sync_every_steps"})
+    if unknown:
+        raise ConfigError(f"config.draft_service.{unknown[0]} is unknown; allowed keys: shards, "
+                          "max_stale_steps, sync_every_steps")
+    return SyncConfig(**d).validate("config.draft_service.")
+
+
 def validate_config(c: ml_collections.ConfigDict, catalog: PolicyCatalog = CATALOG) -> list[str]:
     """Check a rollout config; returns the list of policies to run. `catalog`: the policies it
     may name (the production ones unless given another)."""
@@ -143,9 +165,16 @@ def validate_config(c: ml_collections.ConfigDict, catalog: PolicyCatalog = CATAL
         bad("clock", c.clock, f"allowed: {', '.join(CLOCKS)}")
     if c.backend not in BACKENDS:
         bad("backend", c.backend, f"allowed: {', '.join(BACKENDS)}")
+    if not isinstance(c.speculation, bool):
+        bad("speculation", c.speculation, "allowed: True or False")
+    draft_sync_config(c)
+    f = c.fault_kill_draft_service_after_chunks
+    if not isinstance(f, int) or isinstance(f, bool) or f < -1:
+        bad("fault_kill_draft_service_after_chunks", f, "allowed: -1 (off) or an integer >= 0")
+    if f >= 0 and not (c.backend == "ray" and c.speculation):
+        bad("fault_kill_draft_service_after_chunks", f,
+            "allowed: -1 unless backend='ray' and speculation=True (the draft service is Ray actors)")
     if c.backend == "ray":
-        if c.speculation:
-            bad("speculation", c.speculation, "allowed: False with backend='ray'")
         if c.time_model != "measured":
             bad("time_model", c.time_model, "allowed: measured with backend='ray'")
         try:

@@ -110,3 +110,17 @@ def test_bad_backend_values_name_key_value_and_allowed(override, key):
     c = load_config_file(CONFIG_DIR / "tpu_v5p64_qwen25_7b.py", override)
     with pytest.raises(ConfigError, match=key):
         validate_config(c)
+
+
+def test_ray_configs_carry_the_draft_service_and_bad_values_name_the_key():
+    h100 = validate_config(load_config_file(CONFIG_DIR / "gpu_4x8xh100_llama31_405b.py"))
+    assert h100["draft_service_shards"] == 2
+    assert validate_config(load_config_file(CONFIG_DIR / "gpu_8xh200.py"))["draft_service_shards"] == 1
+    assert validate_config(default_config())["draft_service_shards"] == 0  # in process, no service
+    for override, key in [
+            (["--config.draft_service.shards=0"], r"config\.draft_service\.shards=0 is invalid: allowed: an integer >= 1"),
+            (["--config.draft_service.max_stale_steps=-1"], r"config\.draft_service\.max_stale_steps=-1 is invalid"),
+            (["--config.draft_service.sync_every_steps=0"], r"config\.draft_service\.sync_every_steps=0 is invalid")]:
+        c = load_config_file(CONFIG_DIR / "tpu_v5p64_qwen25_7b.py", override)
+        with pytest.raises(ConfigError, match=key):
+            validate_config(c)

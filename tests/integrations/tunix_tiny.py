@@ -62,10 +62,11 @@ def tunix_logits(model, tokens_bt) -> np.ndarray:
     return np.asarray(logits, np.float32)
 
 
-def grpo_cluster(actor, mesh_shape: tuple[int, int], engine_config):
+def grpo_cluster(actor, mesh_shape: tuple[int, int], engine_config, **rollout_kw):
     """A Tunix RLCluster for one GRPO step on 8 CPU devices: `actor`, a (fsdp, tp) mesh of
-    `mesh_shape` for every role, SeerRollout over 2 slices x tp2 (chunks of 4 tokens), sampling
-    8 tokens at temperature 1 with logprobs, SGD at 0.5, a character tokenizer."""
+    `mesh_shape` for every role, SeerRollout over 2 slices x tp2 (chunks of 4 tokens; other
+    SeerRollout arguments in rollout_kw), sampling 8 tokens at temperature 1 with logprobs, SGD
+    at 0.5, a character tokenizer."""
     import functools
 
     import optax
@@ -77,8 +78,9 @@ def grpo_cluster(actor, mesh_shape: tuple[int, int], engine_config):
     mesh = jax.sharding.Mesh(np.array(jax.devices()).reshape(mesh_shape), ("fsdp", "tp"))
     rollout_config = RolloutConfig(max_tokens_to_generate=8, temperature=1.0, top_p=1.0,
                                    top_k=None, max_prompt_length=16, return_logprobs=True, seed=7)
-    engine = functools.partial(SeerRollout, num_instances=2, tp=2,
-                               controller_config={"chunk_size": 4}, engine_config=engine_config)
+    engine = functools.partial(SeerRollout, **{
+        "num_instances": 2, "tp": 2, "controller_config": {"chunk_size": 4},
+        "engine_config": engine_config, **rollout_kw})
     config = rl.ClusterConfig(
         role_to_mesh={rl.Role.ACTOR: mesh, rl.Role.REFERENCE: mesh, rl.Role.ROLLOUT: mesh},
         rollout_engine=engine,

@@ -43,6 +43,7 @@ class ActorSnapshot:
     progress: dict[str, int]
     params_version: int
     pid: int
+    draft: dict | None = None  # the draft replica's stats and the shards it found down
 
 
 def numpy_params(params: Mapping[str, Any]) -> dict[str, Any]:
@@ -57,11 +58,12 @@ class EngineActor:
     def __init__(self, instance_id: int, cfg: ModelConfig, weights: Weights, dtype: str,
                  engine_config: EngineConfig, tp: int, pool: KVPool,
                  eos_ids: tuple[int, ...] | None, record_steps: bool, params_version: int = 0,
-                 host: int = 0, hosts: int = 1):
+                 host: int = 0, hosts: int = 1, draft: Any = None):
         """params_version: the version of `weights` (a replacement starts at the group's);
         host, hosts: this actor's place in a slice of `hosts` actors; with hosts > 1 nothing
         touches jax here (`jax.distributed` must start first): `join` builds the engine once
-        every host of the slice has started."""
+        every host of the slice has started. draft: the `DraftSpec` of the draft service
+        (grouped speculation with engine_config.speculation; the leader drafts)."""
         pin_to_cpu_core()  # RayBackendConfig.pin_cpus, before XLA starts its thread pool
         self.instance_id = instance_id
         self.host, self.hosts, self.tp = host, hosts, tp
@@ -74,6 +76,8 @@ class EngineActor:
         self.params_version = params_version
         self.fault: str | None = None
         self.inst = None
+        self.draft, self.replica = draft, None
+        self.builds = 0  # engines built (every host of a slice counts the same)
         if hosts == 1:
             self.devices = self._local_devices()
             self._build()
@@ -131,10 +135,41 @@ class EngineActor:
         from seer_jax.rollout.backends.engine_instance import EngineInstance
 
         mesh = Mesh(np.array(self.devices), ("tp",))
-        engine = Engine(self.cfg, self.params, self.engine_config, mesh=mesh, eos_ids=self.eos_ids)
+        speculator, self.replica = None, None
+        self.builds += 1
+        if self.draft is not None and self.engine_config.speculation:
+            speculator, self.replica = self._speculator()
+        engine = Engine(self.cfg, self.params, self.engine_config, mesh=mesh, eos_ids=self.eos_ids,
+                        speculator=speculator)
         self.inst = EngineInstance(self.instance_id, engine, self.pool,
                                    record_steps=self.record_steps)
         self.ran: set[str] = set()  # requests that had a chunk submitted here
+
+    def _speculator(self):
+        """(Speculator, replica or None): the leader drafts from its replica of the draft
+        service; the other hosts of a slice take the leader's drafts (`slice_drafts`)."""
+        if self.hosts == 1:
+            return self.draft.make_speculator()
+        from seer_jax.rollout.backends.slice_drafts import slice_speculator
+
+        return slice_speculator(self.draft, self.builds, self.host)
+
+    def set_draft_shard(self, k: int, handle: Any) -> None:
+        """Draft-service shard k was rebuilt: this is its new actor."""
+        from seer_jax.rollout.backends.ray_draft_service import RayShardLink
+
+        self.draft.shards[k] = handle
+        if self.replica is not None:
+            self.replica.replace_shard(k, RayShardLink(handle))
+
+    def clear_drafts(self) -> None:
+        """Forget the draft contexts of the last rollout (its groups are over)."""
+        if self.replica is not None:
+            self.replica.clear()
+
+    def set_draft_sync(self, sync: Any) -> None:
+        """How the next engine's replica syncs (a `SyncConfig`; from the next `reset`)."""
+        self.draft = dataclasses.replace(self.draft, sync=sync)
 
     def snapshot(self) -> ActorSnapshot:
         inst = self.inst
@@ -142,7 +177,7 @@ class EngineActor:
             now=inst.now(), has_work=inst.has_work(), load=inst.load(),
             resident={g: n for g in inst._prompts if (n := inst.resident_tokens("", g))},
             progress=inst.running_progress(), params_version=self.params_version,
-            pid=os.getpid())
+            pid=os.getpid(), draft=self.replica.status() if self.replica is not None else None)
 
     def submit(self, chunk: ChunkRequest, kv_refs: list | None = None) -> None:
         """kv_refs (multi-host slices): the chunk's KV handle as the proxy resolved it, [ref] or
@@ -156,6 +191,9 @@ class EngineActor:
             self.pool.get(chunk.kv_handle)
             os._exit(1)
         self.ran.add(chunk.request_id)
+        if self.replica is not None:
+            self.replica.start_request(chunk.group_id, chunk.request_id, chunk.prompt_ids,
+                                       chunk.output_ids)
         self.inst.submit(chunk)
 
     def set_now(self, t: float) -> None:
@@ -163,6 +201,8 @@ class EngineActor:
 
     def abort(self, request_id: str) -> None:
         self.inst.abort(request_id)
+        if self.replica is not None:
+            self.replica.abort(request_id)
 
     def step(self) -> tuple[StepReport, ActorSnapshot] | tuple[tuple, None]:
         """The leader's report and snapshot; a follower returns the digest of its report."""
@@ -170,7 +210,11 @@ class EngineActor:
             raise SeerError(f"injected fault on instance {self.instance_id}")
         if self.fault == "hang":
             time.sleep(3600)
+        if self.replica is not None:
+            self.replica.before_step()
         rep = self.inst.step()
+        if self.replica is not None:
+            self.replica.after_step()
         if self.host > 0:
             return report_digest(rep), None
         return rep, self.snapshot()

@@ -28,6 +28,7 @@ import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from seer_jax.drafting.replicated import SyncConfig
 from seer_jax.engine.engine import EngineConfig
 from seer_jax.errors import ConfigError, SeerError
 from seer_jax.model.config import ModelConfig
@@ -52,6 +53,7 @@ class ActorSpec:
     eos_ids: tuple[int, ...] | None
     record_steps: bool
     backend: RayBackendConfig
+    draft: Any = None  # DraftSpec of the draft service (grouped speculation), or None
 
 
 class RayInstanceGroup:
@@ -72,6 +74,7 @@ class RayInstanceGroup:
         # replacements started and not joined yet: (lost id, bundle index, actor, snapshot ref)
         self._pending: list[tuple[int, int, Any, Any]] = []
         self.failed_replacements: dict[int, str] = {}  # lost id -> why its replacement failed
+        self.draft: Any = None  # RayDraftService when the engines speculate
 
     def update_params(self, params: Mapping[str, Any], version: int | None = None) -> int:
         """Push new weights to every live actor through the object store (put once); returns the
@@ -105,6 +108,8 @@ class RayInstanceGroup:
         self._join_all()
         make = self.pool_factory or RayKVPool.create
         old, self.pool = self.pool, make(self.pool_capacity_bytes)
+        if self.draft is not None:  # empty shards before the fresh engines push to them
+            self.draft.reset()
         live = [i for i in self.instances if not i.lost]
         refs = [[a.reset.remote(self.pool, k) for a in i.actors] for k, i in enumerate(live)]
         for k, (inst, snaps) in enumerate(zip(live, refs, strict=True)):
@@ -160,6 +165,7 @@ class RayInstanceGroup:
                 actor.set_instance_id.remote(iid)
                 inst = RayInstance(iid, actor, snap, timeout, bundle_index=bundle, pool=self.pool,
                                    pipeline_depth=self.spec.backend.pipeline_depth)
+                inst.draft = self.draft
                 self.instances.append(inst)
                 out.append((lost_id, inst))
             if not wait:
@@ -177,6 +183,12 @@ class RayInstanceGroup:
         live = [i for i in self.instances if not i.lost]
         return [row for rows in ray.get([i.actor.step_log.remote() for i in live]) for row in rows]
 
+    def draft_stats(self) -> dict | None:
+        """The draft service's counters and its replicas' (from the last step snapshots)."""
+        if self.draft is None:
+            return None
+        return self.draft.stats([i.snap for i in self.instances])
+
     @property
     def lost(self) -> list[int]:
         return [i.instance_id for i in self.instances if i.lost]
@@ -190,6 +202,8 @@ class RayInstanceGroup:
         for *_, actor, _ in self._pending:
             ray.kill(actor, no_restart=True)
         self._pending = []
+        if self.draft is not None:
+            self.draft.shutdown()
         if hasattr(self.pool, "shutdown"):
             self.pool.shutdown()
         if self.placement_group is not None:
@@ -217,7 +231,8 @@ def _start_actor(spec: ActorSpec, pg: Any, bundle_index: int, instance_id: int, 
         opts["resources"] = {"TPU": per_host}
     return ray.remote(EngineActor).options(**opts).remote(
         instance_id, spec.cfg, spec.weights, spec.dtype, spec.engine_config, spec.tp, pool,
-        spec.eos_ids, spec.record_steps, params_version, host, backend.hosts_per_slice)
+        spec.eos_ids, spec.record_steps, params_version, host, backend.hosts_per_slice,
+        spec.draft)
 
 
 def make_ray_instances(cfg: ModelConfig, weights: Weights, *, num_instances: int, tp: int,
@@ -225,13 +240,21 @@ def make_ray_instances(cfg: ModelConfig, weights: Weights, *, num_instances: int
                        dtype: str = "float32", eos_ids: Sequence[int] | None = None,
                        pool_capacity_bytes: int | None = None,
                        record_steps: bool = False, replace_lost: bool = False,
-                       pool_factory: PoolFactory | None = None) -> RayInstanceGroup:
+                       pool_factory: PoolFactory | None = None,
+                       draft_service: SyncConfig | None = None,
+                       spec_budget: Callable[[], Any] | None = None,
+                       fault_kill_draft_service_after_chunks: int = -1) -> RayInstanceGroup:
     """Start the engine actors, one per slice host (`backend.hosts_per_slice` per slice; the
     placement group has one bundle per host), sharing a KV pool: `pool_factory(capacity_bytes)`
     (called once Ray is up, and again by `reset()`), by default the object-store `RayKVPool`.
     weights: a params tree (sent as numpy arrays, one object-store copy) or a model name/path
     each actor loads itself. replace_lost: start a replacement for every actor lost during a
-    rollout (the group is then `rollout`'s replacer); single-host slices only."""
+    rollout (the group is then `rollout`'s replacer); single-host slices only.
+    With engine_config.speculation the group starts the draft service (`ray_draft_service`;
+    draft_service: its shards and sync, default one shard, one step stale) and each actor
+    drafts from its replica; spec_budget() builds each actor's speculation budget (None: the
+    cost-model default); fault_kill_draft_service_after_chunks >= 0 kills the shard of the
+    first group once that many chunks have ended."""
     from seer_jax.rollout.backends.ray_pool import RayKVPool
 
     backend = (backend or RayBackendConfig()).validate()
@@ -254,10 +277,17 @@ def make_ray_instances(cfg: ModelConfig, weights: Weights, *, num_instances: int
             f"the cluster cannot place {num_instances * hosts} bundles of {bundle} "
             f"(strategy {backend.strategy}); available: {ray.available_resources()}") from None
     pool = (pool_factory or RayKVPool.create)(pool_capacity_bytes)
+    draft = None
+    if engine_config.speculation:
+        from seer_jax.rollout.backends.ray_draft_service import RayDraftService
+
+        draft = RayDraftService(draft_service or SyncConfig(), spec_budget,
+                                fault_after_chunks=fault_kill_draft_service_after_chunks)
     spec = ActorSpec(cfg=cfg, weights=weights if isinstance(weights, str) else ray.put(numpy_params(weights)),
                      dtype=dtype, engine_config=engine_config, tp=tp,
                      eos_ids=tuple(eos_ids) if eos_ids is not None else None,
-                     record_steps=record_steps, backend=backend)
+                     record_steps=record_steps, backend=backend,
+                     draft=draft.spec if draft is not None else None)
     slices = [[_start_actor(spec, pg, i * hosts + h, i, pool, 0, h) for h in range(hosts)]
               for i in range(num_instances)]
     if hosts > 1:  # every host of a slice joins its leader's jax.distributed cluster at once
@@ -272,5 +302,11 @@ def make_ray_instances(cfg: ModelConfig, weights: Weights, *, num_instances: int
                              pool=pool, bundle_index=i * hosts,
                              pipeline_depth=backend.pipeline_depth)
                  for i, (actors, s) in enumerate(zip(slices, snaps, strict=True))]
-    return RayInstanceGroup(instances, pool, pg, pool_capacity_bytes, spec, replace_lost,
-                            pool_factory)
+    group = RayInstanceGroup(instances, pool, pg, pool_capacity_bytes, spec, replace_lost,
+                             pool_factory)
+    if draft is not None:
+        group.draft = draft
+        draft.instances = lambda: group.instances
+        for inst in instances:
+            inst.draft = draft
+    return group

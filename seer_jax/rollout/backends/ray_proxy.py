@@ -57,6 +57,7 @@ class RayInstance:
         # steps started and not finished: (step refs, refs of the submits sent before it)
         self._started: collections.deque = collections.deque()
         self.pipeline_depth = pipeline_depth
+        self.draft: Any = None  # the RayDraftService (grouped speculation), told of chunks and steps
 
     # ---- Instance -------------------------------------------------------------------------------
     def now(self) -> float:
@@ -71,6 +72,8 @@ class RayInstance:
     def submit(self, chunk: ChunkRequest) -> None:
         if self.lost:
             raise InstanceLostError(f"instance {self.instance_id} is lost")
+        if self.draft is not None:
+            self.draft.on_submit(chunk)
         if len(self.actors) == 1:
             self._submits.append(self.actor.submit.remote(chunk))
         else:
@@ -143,6 +146,8 @@ class RayInstance:
         self.snap = snap
         if self._submits or any(later for _, later in self._started):
             self.snap.has_work = True
+        if self.draft is not None:
+            self.draft.on_step(rep, snap)
         return rep
 
     def check_alive(self, timeout_s: float = 30.0) -> None:

@@ -133,6 +133,9 @@ class RolloutReport:
     # responses restored finished from a resumed journal (returned as recorded, not generated in
     # this run: the times and counters above cover only what this run generated)
     restored_responses: int = 0
+    # the distributed draft service (grouped speculation on Ray): shards lost and rebuilt, and
+    # its replicas' sync counters; None elsewhere
+    draft_service: dict[str, Any] | None = None
 
     @property
     def spec_acceptance(self) -> float | None:
@@ -169,6 +172,9 @@ class RolloutReport:
             "kv_pool_lost_blobs": self.kv_pool_lost_blobs,
             "replacement_instances": len(self.replacement_instances),
             "kv_pool_transfer_gbps": self.kv_pool_transfer_gbps,
+            "draft_shards_lost": None if self.draft_service is None else self.draft_service["lost_shards"],
+            "draft_shards_rebuilt": (None if self.draft_service is None
+                                     else self.draft_service["rebuilt_shards"]),
         }
 
     def to_json(self) -> dict[str, Any]:

@@ -1,0 +1,203 @@
+"""Grouped speculative decoding on 2 Ray actors (distributed draft service) vs in process (one
+shared draft service), on the same rollout. Run through `benchmarks/distributed.py --speculation`.
+
+Usage:
+  python benchmarks/distributed.py --speculation --model smollm2 --json PATH   # natural prompts
+  python benchmarks/distributed.py --speculation --model random --json PATH    # 768 x 6, greedy
+
+Workload: `--groups` prompts x G=4 responses of up to `--max-tokens` tokens, chunks of 16
+tokens (seer policy), 2 instances. `smollm2`: the built-in natural prompts through the chat
+template, temperature 1.0, SmolLM2-135M; `random`: a random 768 x 6 model (`--hidden`,
+`--layers`), random prompts, greedy. The speculation budget is the default one (the roofline of
+the served model), per instance. Every timed run follows a warm-up run of the same workload.
+
+Rows:
+- inprocess_spec: 2 in-process slices sharing one `InProcessDraftService`, clock concurrent;
+- ray_spec: 2 Ray actors, each drafting from its replica of the draft service (1 shard, at most
+  one step stale), clock concurrent; ray_plain: the same actors' workload without speculation;
+- roofline_spec / roofline_plain: in process, emulated clock with the roofline step time of
+  `--cost-model` on an H100 (what `time_model=roofline` uses): the modelled tokens/s.
+Per row: accepted draft tokens per decode step, acceptance, tokens/s; for ray_spec also bytes
+pushed and pulled per step, the mean pull latency (issue -> applied), the time steps waited for
+late pulls, and the actor's host time drafting + syncing per step against the mean step.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+
+import jax
+
+from seer_jax.drafting.budget import SpeculationBudget
+from seer_jax.drafting.service import InProcessDraftService
+from seer_jax.engine.engine import EngineConfig
+from seer_jax.engine.speculation import Speculator
+from seer_jax.provenance import run_info
+from seer_jax.rollout.backends.engine_instance import make_engine_instances
+from seer_jax.rollout.backends.kv_pool import HostKVPool
+from seer_jax.rollout.backends.ray_cluster import RayBackendConfig, ensure_ray
+from seer_jax.rollout.core.run import rollout
+from seer_jax.rollout.core.types import SamplingParams
+
+ENGINE = EngineConfig(page_size=16, kv_memory_gib=0.5, max_num_seqs=16,
+                      max_num_batched_tokens=128, max_prefill_seqs=4)
+
+
+def _row(out, wall, steps):
+    rep = out.report
+    decode_steps = sum(1 for r in steps if r[2] > 0)
+    return {"tokens_per_s": rep.output_tokens / wall, "wall_s": wall,
+            "output_tokens": rep.output_tokens, "steps": len(steps), "decode_steps": decode_steps,
+            "spec_proposed": rep.spec_proposed, "spec_accepted": rep.spec_accepted,
+            "accepted_per_decode_step": rep.spec_accepted / max(decode_steps, 1),
+            "accepted_per_token": rep.spec_accepted / max(rep.output_tokens, 1),
+            "acceptance": rep.spec_acceptance, "migrations": rep.migrations,
+            "mean_step_s": sum(r[4] for r in steps) / max(len(steps), 1)}
+
+
+def _rollout(instances, pool, prompts, args, sampling, clock):
+    return rollout(prompts, group_size=4, max_tokens=args.max_tokens, instances=instances,
+                   sampling=sampling, policy="seer", pool=pool, config={"chunk_size": 16},
+                   clock=clock)
+
+
+def _inprocess(cfg, params, prompts, args, sampling, speculation, step_time=None):
+    def build():
+        pool = HostKVPool()
+        specs = None
+        if speculation:
+            service = InProcessDraftService()
+            specs = [Speculator(service, SpeculationBudget.from_profile_json(None))
+                     for _ in range(2)]
+        insts = make_engine_instances(
+            cfg, params, num_instances=2, tp=1, pool=pool, devices=jax.devices()[:2],
+            engine_config=dataclasses.replace(ENGINE, speculation=speculation),
+            speculators=specs, step_time=step_time, record_steps=True)
+        return insts, pool
+
+    clock = "concurrent" if step_time is None else "emulated"
+    insts, pool = build()
+    _rollout(insts, pool, prompts, args, sampling, clock)  # warm-up: compile every shape
+    insts, pool = build()
+    t0 = time.perf_counter()
+    out = _rollout(insts, pool, prompts, args, sampling, clock)
+    wall = time.perf_counter() - t0
+    row = _row(out, wall, [r for i in insts for r in i.step_log])
+    if step_time is not None:
+        row["modelled_tokens_per_s"] = out.report.tokens_per_s
+        row["modelled_makespan_s"] = out.report.makespan_s
+    return out, row
+
+
+def _ray(cfg, weights, prompts, args, sampling, speculation, backend):
+    from seer_jax.rollout.backends.ray_group import make_ray_instances
+
+    group = make_ray_instances(cfg, weights, num_instances=2, tp=1, backend=backend,
+                               engine_config=dataclasses.replace(ENGINE, speculation=speculation),
+                               eos_ids=cfg.eos_token_ids, record_steps=True)
+    try:
+        _rollout(group.instances, group.pool, prompts, args, sampling, "concurrent")  # warm-up
+        group.reset()
+        t0 = time.perf_counter()
+        out = _rollout(group.instances, group.pool, prompts, args, sampling, "concurrent")
+        wall = time.perf_counter() - t0
+        steps = group.step_logs()
+        row = _row(out, wall, steps)
+        stats = group.draft_stats()
+    finally:
+        group.shutdown()
+    if stats is not None:
+        rep = stats["replicas"]
+        n = max(rep["steps"], 1)
+        host = (rep["draft_s"] + rep["sync_s"]) / n
+        row.update({
+            "replica_steps": rep["steps"],
+            "bytes_pushed_per_step": rep["bytes_pushed"] / n,
+            "bytes_pulled_per_step": rep["bytes_pulled"] / n,
+            "pull_latency_mean_s": rep["pull_latency_s"] / max(rep["pulls"], 1),
+            "waited_pulls": rep["waited_pulls"], "wait_s": rep["wait_s"],
+            "remote_tokens": rep["remote_tokens"],
+            "host_draft_sync_s_per_step": host,
+            "host_draft_s_per_step": rep["draft_s"] / n,
+            "host_sync_s_per_step": rep["sync_s"] / n,
+            "host_fraction_of_step": host / row["mean_step_s"] if row["mean_step_s"] else None,
+            "draft_service": stats})
+    return out, row
+
+
+def main(args, random_workload=None) -> int:
+    """random_workload: (cfg, params, prompts) of the random model (from distributed.py)."""
+    from seer_jax.costs import RooflineCostModel, get_accelerator, get_model
+
+    if args.model == "smollm2":
+        from seer_jax.model import load
+        from seer_jax.rollout.api import build_prompts
+        from seer_jax.rollout.config import default_config
+
+        cfg, params, tok = load("smollm2")
+        c = default_config()
+        c.num_prompts = args.groups
+        prompts, _ = build_prompts(c, tok)
+        weights = "smollm2"  # each actor loads it
+        sampling = SamplingParams(temperature=1.0, seed=0)
+        model_name = "smollm2-135m (natural prompts, chat template, temperature 1.0)"
+    else:
+        cfg, params, prompts = random_workload
+        weights = params
+        sampling = SamplingParams(temperature=0.0)
+        model_name = f"random hidden {args.hidden} x {args.layers} layers (greedy)"
+    roofline = RooflineCostModel(model=get_model(args.cost_model), accelerator=get_accelerator("h100"),
+                                 chips=1, page_size=ENGINE.page_size)
+    rows = {}
+    _, rows["inprocess_spec"] = _inprocess(cfg, params, prompts, args, sampling, True)
+    print("inprocess_spec", json.dumps(rows["inprocess_spec"]), flush=True)
+    _, rows["roofline_spec"] = _inprocess(cfg, params, prompts, args, sampling, True, roofline)
+    _, rows["roofline_plain"] = _inprocess(cfg, params, prompts, args, sampling, False, roofline)
+    print("roofline", rows["roofline_spec"]["modelled_tokens_per_s"],
+          rows["roofline_plain"]["modelled_tokens_per_s"], flush=True)
+    backend = RayBackendConfig(object_store_mb=400, pin_cpus=True, step_timeout_s=600.0,
+                               env={"XLA_FLAGS": "--xla_force_host_platform_device_count=1"})
+    ray = ensure_ray(backend, min_cpus=4)
+    try:
+        _, rows["ray_spec"] = _ray(cfg, weights, prompts, args, sampling, True, backend)
+        print("ray_spec", json.dumps({k: v for k, v in rows["ray_spec"].items()
+                                      if k != "draft_service"}), flush=True)
+        _, rows["ray_plain"] = _ray(cfg, weights, prompts, args, sampling, False, backend)
+    finally:
+        ray.shutdown()
+    inp, rs, rp = rows["inprocess_spec"], rows["ray_spec"], rows["ray_plain"]
+    summary = {
+        "model": model_name,
+        "accepted_per_decode_step_inprocess": inp["accepted_per_decode_step"],
+        "accepted_per_decode_step_ray": rs["accepted_per_decode_step"],
+        "ray_vs_inprocess_accepted_per_step": (rs["accepted_per_decode_step"]
+                                               / max(inp["accepted_per_decode_step"], 1e-9)),
+        "ray_vs_inprocess_accepted_per_token": (rs["accepted_per_token"]
+                                                / max(inp["accepted_per_token"], 1e-9)),
+        "acceptance_inprocess": inp["acceptance"], "acceptance_ray": rs["acceptance"],
+        "bytes_pushed_per_step": rs.get("bytes_pushed_per_step"),
+        "bytes_pulled_per_step": rs.get("bytes_pulled_per_step"),
+        "pull_latency_mean_s": rs.get("pull_latency_mean_s"),
+        "host_draft_sync_s_per_step": rs.get("host_draft_sync_s_per_step"),
+        "ray_mean_step_s": rs["mean_step_s"],
+        "host_fraction_of_step": rs.get("host_fraction_of_step"),
+        "ray_spec_tokens_per_s": rs["tokens_per_s"], "ray_plain_tokens_per_s": rp["tokens_per_s"],
+        "inprocess_spec_tokens_per_s": inp["tokens_per_s"],
+        "roofline_spec_tokens_per_s": rows["roofline_spec"]["modelled_tokens_per_s"],
+        "roofline_plain_tokens_per_s": rows["roofline_plain"]["modelled_tokens_per_s"],
+        "roofline_speedup": (rows["roofline_spec"]["modelled_tokens_per_s"]
+                             / rows["roofline_plain"]["modelled_tokens_per_s"]),
+    }
+    report = {"summary": summary, "run": run_info(),
+              "workload": {"groups": args.groups, "group_size": 4, "max_tokens": args.max_tokens,
+                           "chunk_size": 16, "policy": "seer", "instances": 2,
+                           "model": model_name, "cost_model": args.cost_model,
+                           "engine": dataclasses.asdict(ENGINE)},
+              "runs": rows}
+    print(json.dumps(summary, indent=2))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=2, default=str)
+    return 0

@@ -1,0 +1,173 @@
+"""The sharded draft service and its replicas (no Ray: shards in this process): each token
+applied once whatever the order, stale replicas drafting from what they hold, a lost shard
+rebuilt from the replicas, and the `draft_service.*` config errors."""
+
+from __future__ import annotations
+
+import pytest
+
+from seer_jax.analysis.synthetic_text import synthetic_groups
+from seer_jax.drafting import DraftAppend, DraftQuery, InProcessDraftService
+from seer_jax.drafting.replicated import (
+    DraftShard,
+    LocalShardLink,
+    SyncConfig,
+    SyncedReplica,
+    shard_of,
+)
+from seer_jax.errors import ConfigError
+
+
+def _replicas(n, shards=2, delay_polls=0, max_stale=1):
+    shard_objs = [DraftShard() for _ in range(shards)]
+    sync = SyncConfig(shards=shards, max_stale_steps=max_stale)
+    reps = [SyncedReplica([LocalShardLink(s, delay_polls) for s in shard_objs], sync)
+            for _ in range(n)]
+    return shard_objs, reps
+
+
+def _run_lockstep(groups, reps, steps, owner):
+    """Every response generated on replica owner(group, i), one token per step."""
+    for g in groups:
+        for i in range(len(g.responses)):
+            reps[owner(g, i)].start_request(g.group_id, f"r{i}", g.prompt_ids, [])
+            reps[owner(g, i)].append(g.group_id, None, g.prompt_ids)
+    for t in range(steps):
+        for r in reps:
+            r.before_step()
+        for g in groups:
+            for i, resp in enumerate(g.responses):
+                if t < len(resp):
+                    reps[owner(g, i)].append(g.group_id, f"r{i}", [resp[t]])
+        for r in reps:
+            r.after_step()
+
+
+def test_shard_applies_each_token_once_by_position():
+    shard = DraftShard()
+    assert shard.append_batch([DraftAppend.make("g", None, [1, 2, 3], 0),
+                               DraftAppend.make("g", "a", [4, 5], 0)]) == 5
+    # a re-sent prefix, an overlap and the prompt again: only token 6 is new
+    assert shard.append_batch([DraftAppend.make("g", "a", [4], 0),
+                               DraftAppend.make("g", "a", [5, 6], 1),
+                               DraftAppend.make("g", None, [1, 2, 3], 0)]) == 1
+    (up,) = shard.sync(["g"], {"g": 0})
+    assert [(m.request_id, m.token_ids.tolist(), m.start) for m in up.appends] == [
+        (None, [1, 2, 3], 0), ("a", [4, 5], 0), ("a", [6], 2)]
+    (up,) = shard.sync(["g"], {"g": 99})  # a version from a shard this one replaced: from 0
+    assert up.since_version == 0 and up.version == 3
+
+
+def test_synced_replicas_draft_like_one_shared_service():
+    groups = synthetic_groups(4, 4, 40, mix="structured", seed=3)
+    shards, reps = _replicas(2, max_stale=0)
+    _run_lockstep(groups, reps, 40, owner=lambda g, i: i % 2)
+    ref = InProcessDraftService()
+    for g in groups:
+        ref.append(g.group_id, None, g.prompt_ids)
+        for i, resp in enumerate(g.responses):
+            ref.append(g.group_id, f"r{i}", resp[:40])
+    for r in reps:  # one more step: pulls that see every replica's last push
+        r.before_step()
+    for r in reps:
+        r.after_step()
+    for r in reps:
+        r.before_step()
+    qs = [DraftQuery(g.group_id, f"r{i}") for g in groups for i in range(4)]
+    want = [(d.tokens.tolist(), d.parents.tolist()) for d in ref.speculate(qs)]
+    for rep in reps:
+        for gid, reqs in rep._tokens.items():
+            g = next(x for x in groups if x.group_id == gid)
+            assert reqs[None] == g.prompt_ids
+            assert all(reqs.get(f"r{i}", []) == g.responses[i][:40] for i in range(4))
+    # same tokens, per request in the same order: same statistics (sibling order may differ,
+    # so compare the drafts as sets of paths only where both agree on the context length)
+    got = [(d.tokens.tolist(), d.parents.tolist()) for d in reps[0].speculate(qs)]
+    assert sum(a == b for a, b in zip(got, want, strict=True)) >= 0.9 * len(qs)
+    total = sum(len(g.prompt_ids) + sum(len(r[:40]) for r in g.responses) for g in groups)
+    assert sum(s.stats()["tokens"] for s in shards) == total
+    st = reps[0].status()
+    # replica 0 generated the even responses and pulled exactly the odd ones
+    odd = sum(len(r[:40]) for g in groups for r in g.responses[1::2])
+    assert st["pushes"] > 0 and st["bytes_pushed"] > 0 and st["remote_tokens"] == odd
+
+
+def test_stale_replica_waits_only_for_due_pulls_and_lags_at_most_max_stale():
+    groups = synthetic_groups(1, 2, 20, mix="structured", seed=1)
+    _, reps = _replicas(2, shards=1, delay_polls=10, max_stale=2)
+    g = groups[0]
+    _run_lockstep(groups, reps, 10, owner=lambda g, i: i)
+    # replica 0 never sees a pull arrive by itself (delay 10): it takes each one when due,
+    # max_stale_steps = 2 steps after it was issued, and the next pull starts after that one;
+    # so it lags by at most max_stale_steps + 2 steps of replica 1's tokens, and never more
+    have = len(reps[0]._tokens[g.group_id].get("r1", []))
+    assert 10 - (2 + 2) <= have < 10
+    assert reps[0].stats.pulls >= 2 and reps[0].stats.remote_tokens == have
+
+
+def test_lost_shard_replaced_is_rebuilt_from_the_replicas():
+    groups = synthetic_groups(8, 2, 30, mix="structured", seed=2)
+    assert {shard_of(g.group_id, 2) for g in groups} == {0, 1}
+    shards, reps = _replicas(2, shards=2, max_stale=0)
+    half = 15
+    for g in groups:
+        g.responses = [r[:half] for r in g.responses]
+    _run_lockstep(groups, reps, half, owner=lambda g, i: i)
+    for r in reps:
+        r.links[0].dead = True
+        r.before_step()
+        r.after_step()
+        r.before_step()
+    assert all(r.down == {0} for r in reps) and all(r.status()["down"] == [0] for r in reps)
+    new = DraftShard()
+    for r in reps:
+        r.replace_shard(0, LocalShardLink(new))
+        r.after_step()
+    in_shard0 = [g for g in groups if shard_of(g.group_id, 2) == 0]
+    assert new.stats()["tokens"] == sum(len(g.prompt_ids) + sum(len(r) for r in g.responses)
+                                        for g in in_shard0)
+    assert all(r.down == set() and r.stats.shards_replaced == 1 for r in reps)
+
+
+@pytest.mark.parametrize("key,value,allowed", [
+    ("shards", 0, "an integer >= 1"), ("max_stale_steps", -1, "an integer >= 0"),
+    ("sync_every_steps", 0, "an integer >= 1"), ("shards", 1.5, "an integer >= 1")])
+def test_bad_sync_values_are_config_errors_naming_the_key(key, value, allowed):
+    with pytest.raises(ConfigError, match=f"draft_service.{key}={value!r} is invalid: allowed: {allowed}"):
+        SyncConfig(**{key: value}).validate()
+
+
+@pytest.mark.parametrize("key,value,msg", [
+    ("draft_service.shards", 0, r"config.draft_service.shards=0 is invalid: allowed: an integer >= 1"),
+    ("draft_service.max_stale_steps", -2, r"config.draft_service.max_stale_steps=-2 is invalid"),
+    ("draft_service.sync_every_steps", 0, r"config.draft_service.sync_every_steps=0 is invalid"),
+    ("draft_service.replicas", 2, r"config.draft_service.replicas is unknown; allowed keys"),
+    ("fault_kill_draft_service_after_chunks", -3,
+     r"fault_kill_draft_service_after_chunks=-3 is invalid: allowed: -1 \(off\) or an integer >= 0"),
+])
+def test_bad_draft_service_config_names_the_key(key, value, msg):
+    from seer_jax.rollout.config import default_config, validate_config
+
+    c = default_config()
+    c.backend, c.speculation = "ray", True
+    *parents, leaf = key.split(".")
+    node = c
+    for k in parents:
+        node = node[k]
+    with node.unlocked():
+        node[leaf] = value
+    with pytest.raises(ConfigError, match=msg):
+        validate_config(c)
+
+
+def test_speculation_is_allowed_on_ray_and_the_draft_fault_needs_it():
+    from seer_jax.rollout.config import default_config, validate_config
+
+    c = default_config()
+    c.backend, c.speculation = "ray", True
+    c.draft_service.shards = 3
+    c.fault_kill_draft_service_after_chunks = 4
+    assert validate_config(c) == ["seer"]
+    c.backend = "inprocess"
+    with pytest.raises(ConfigError, match="allowed: -1 unless backend='ray' and speculation=True"):
+        validate_config(c)
