@@ -113,7 +113,8 @@ def test_greedy_tokens_with_ray_speculation_equal_inprocess_and_plain(actors, re
     assert ds["lost_shards"] == 0 and ds["rebuilt_shards"] == 0
     rep = ds["replicas"]
     assert rep["pushes"] > 0 and rep["bytes_pushed"] > 0 and rep["bytes_pulled"] > 0
-    assert rep["remote_tokens"] > 0  # drafts saw the other actor's tokens
+    if policy != "group_round_robin":  # a group's requests ran on both actors
+        assert rep["remote_tokens"] > 0  # drafts saw the other actor's tokens
     if policy == "seer":  # chunks continued on the other actor from the object store
         assert out.report.migrations > 0 and out.report.kv_bytes_imported > 0
 
