@@ -36,9 +36,20 @@ def run_staggered(engine, prompts, max_tokens, sampling, arrive_every=2):
             engine.add_request(str(i), p, max_tokens[i] if isinstance(max_tokens, list) else max_tokens, s)
         for r in engine.step():
             out[int(r.request_id)] = r
+        check_rows(engine)
         step += 1
     engine.blocks.check()
+    assert not engine.kv.rows.pages.any()  # every row given back and cleared
     return out
+
+
+def check_rows(engine):
+    """The persistent page-table rows mirror every running request's pages, zeros after them."""
+    rows = engine.kv.rows.pages
+    for s in engine.running:
+        assert s.row >= 0
+        assert rows[s.row, :len(s.pages)].tolist() == s.pages
+        assert not rows[s.row, len(s.pages):].any()
 
 
 @pytest.mark.parametrize("tp", [1, 2])
