@@ -21,3 +21,30 @@ def loopback_master_or_skip():
         yield master
     finally:
         master.stop()
+
+
+def text_blob(text: str):
+    """A KV blob standing for `text` (the stores hold typed KV blobs only)."""
+    import numpy as np
+
+    from seer_jax.engine.engine import KVBlob
+
+    return KVBlob([ord(c) for c in text], [], np.zeros((1, 1, 0, 1), np.float32),
+                  np.zeros((1, 1, 0, 1), np.float32))
+
+
+class TextBlobs:
+    """A KV pool that takes and returns strings, stored as `text_blob`s in `pool`."""
+
+    def __init__(self, pool):
+        self.pool = pool
+
+    def put(self, request_id, text, nbytes):
+        return self.pool.put(request_id, text_blob(text), nbytes)
+
+    def get(self, handle):
+        blob = self.pool.get(handle)
+        return None if blob is None else "".join(map(chr, blob.prompt_ids))
+
+    def __getattr__(self, name):
+        return getattr(self.pool, name)

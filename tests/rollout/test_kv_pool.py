@@ -8,6 +8,7 @@ import pytest
 
 from seer_jax.errors import ConfigError
 from seer_jax.rollout.backends.kv_pool import HostKVPool
+from tests.rollout.mooncake_util import TextBlobs
 
 
 @pytest.fixture(scope="module")
@@ -30,7 +31,7 @@ def make_pool(request):
     made = []
 
     def make(capacity_bytes=None):
-        made.append(MooncakeKVPool(master.config, capacity_bytes))
+        made.append(TextBlobs(MooncakeKVPool(master.config, capacity_bytes)))
         return made[-1]
 
     yield make

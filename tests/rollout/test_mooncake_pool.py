@@ -1,6 +1,6 @@
 """The Mooncake Store KV pool beyond the shared contract (tests/rollout/test_kv_pool.py): config
-and install errors, blobs freed in the store, and a real rollout whose migrated KV moves through
-a loopback master. Skipped with the reason when the `mooncake` extra or its libraries are absent."""
+and install errors, blobs freed in the store, what is read from the store is never unpickled,
+and a real rollout whose migrated KV moves through a loopback master. Skipped with the reason when the `mooncake` extra or its libraries are absent."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from seer_jax.rollout.backends.engine_instance import make_engine_instances
 from seer_jax.rollout.backends.mooncake_pool import MooncakeConfig, MooncakeKVPool, require_mooncake
 from seer_jax.rollout.core.run import rollout
 from seer_jax.rollout.core.types import SamplingParams
+from tests.rollout.mooncake_util import TextBlobs, text_blob
 from tests.rollout.tiny_rollout import CFG, ENGINE, GROUPS, PARAMS
 
 
@@ -28,7 +29,40 @@ def master():
 
 def _store_keys(pool):
     """The store keys of the blobs the pool's directory holds."""
+    pool = getattr(pool, "pool", pool)
     return [keys[0] for _, keys, _ in pool.directory.pool._entries.values()]
+
+
+class _Payload:
+    def __reduce__(self):
+        return (exec, ("import pathlib; pathlib.Path(__import__('os').environ['MARK']).touch()",))
+
+
+def test_a_pickle_or_malformed_blob_in_the_store_is_refused_and_nothing_runs(master, tmp_path,
+                                                                              monkeypatch):
+    """Whoever can write to the store cannot make a reader run code: what is read is decoded as
+    a typed KV blob, and a pickle or a malformed blob is refused with KVBlobFormatError."""
+    import pickle
+
+    from seer_jax.rollout.backends.kv_codec import KVBlobFormatError
+    from seer_jax.rollout.backends.mooncake_pool import _client
+
+    mark = tmp_path / "ran"
+    monkeypatch.setenv("MARK", str(mark))
+    pool = MooncakeKVPool(master.config)
+    store = _client(master.config)
+    try:
+        for bad, match in ((pickle.dumps(_Payload(), protocol=5), "not a seer KV blob"),
+                           (b"SEERKV\x01\x00\xff\xff\x00\x00{", "header length")):
+            h = pool.put("r", text_blob("good"), 24)
+            (key,) = _store_keys(pool)
+            assert store.remove(key, True) == 0 and store.put(key, bad) == 0  # overwritten
+            with pytest.raises(KVBlobFormatError, match=match):
+                pool.get(h)
+            pool.delete("r")
+        assert not mark.exists()
+    finally:
+        pool.shutdown()
 
 
 def test_missing_mooncake_is_a_config_error_saying_how_to_install(monkeypatch):
@@ -76,8 +110,8 @@ def test_a_run_without_a_master_address_starts_a_loopback_master(master):
     try:
         pool = pools.inprocess_pool()
         assert isinstance(pool, MooncakeKVPool) and pool.config.master == pools.master.config.master
-        h = pool.put("r", [1, 2, 3], 24)
-        assert pool.get(h) == [1, 2, 3]
+        h = pool.put("r", text_blob("abc"), 24)
+        assert pool.get(h).prompt_ids == [97, 98, 99]
         pool.shutdown()
     finally:
         pools.close()
@@ -88,7 +122,8 @@ def test_dropped_blobs_leave_the_store_and_keys_are_never_reused(master):
     from seer_jax.rollout.backends.mooncake_pool import _client
 
     store = _client(master.config)
-    a, b = MooncakeKVPool(master.config, 100), MooncakeKVPool(master.config, 100)
+    a, b = (TextBlobs(MooncakeKVPool(master.config, 100)),
+            TextBlobs(MooncakeKVPool(master.config, 100)))
     try:
         ha = a.put("r", "a1", 40)
         (k1,) = _store_keys(a)

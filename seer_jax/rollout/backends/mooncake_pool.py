@@ -11,8 +11,9 @@ objects move between hosts over TCP (or RDMA). The layout is the one of `RayKVPo
   (`seer/<pool>/<request>/<writer>/<n>`): a Mooncake key is written once (a second put of it
   keeps the first value), and a dead writer's keys stay visible until their lease times out,
   so a key is never reused;
-- `put`: serialize the blob (pickle protocol 5: blobs are the engine's own KV, never user
-  files), `store.put`, register the key with the directory. A put the store refuses (full)
+- `put`: encode the blob in the typed KV blob format (`kv_codec`: a header with dtypes and
+  shapes, then raw array bytes; nothing read from the store is ever unpickled), `store.put`,
+  register the key with the directory. A put the store refuses (full)
   counts as evicted at once, and its handle reads None;
 - `get`: the directory answers the key (None: evicted or superseded), then `store.get`. An empty
   answer (the store evicted the object itself, or its replica was on a client that is gone)
@@ -33,7 +34,6 @@ import atexit
 import dataclasses
 import itertools
 import os
-import pickle
 import shutil
 import socket
 import subprocess
@@ -44,6 +44,7 @@ import uuid
 from typing import Any
 
 from seer_jax.errors import ConfigError, SeerError
+from seer_jax.rollout.backends.kv_codec import decode_kv_blob, encode_kv_blob
 from seer_jax.rollout.backends.ray_pool import PoolDirectory, RayKVPoolStats
 
 INSTALL_HINT = ("pip install 'seer-jax[mooncake]' and the Debian libraries libibverbs1 "
@@ -152,7 +153,7 @@ class MooncakeKVPool:
             store = self._client()
             key = f"seer/{self.pool_id}/{request_id}/{self._writer_tag}/{next(self._seq)}"
             t0 = time.perf_counter()
-            rc = store.put(key, pickle.dumps(blob, protocol=5))
+            rc = store.put(key, encode_kv_blob(blob))
             seconds = time.perf_counter() - t0
             handle = self._call("put", request_id, [key], nbytes, seconds, _writer(), rc == 0)
             self._free()
@@ -177,7 +178,7 @@ class MooncakeKVPool:
                     self._call("lose_read", handle)
                     self._free()
                 return None
-            blob = pickle.loads(data)
+            blob = decode_kv_blob(data)  # KVBlobFormatError for anything but a KV blob
             if report:
                 self._call("record_get", time.perf_counter() - t0)
             return blob

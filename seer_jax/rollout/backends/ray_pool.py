@@ -4,7 +4,8 @@ Layout: a small directory actor keeps, per request, the handle, the object ref o
 its size, with the byte capacity, LRU eviction and versioned handles of `HostKVPool` (it holds a
 `HostKVPool` whose blobs are the refs). The blobs themselves are in the object store:
 
-- `put` (on the engine actor whose chunk ended): `ray.put(blob)`, then the ref is registered with
+- `put` (on the engine actor whose chunk ended): `ray.put` of the blob in the typed KV blob
+  format (`kv_codec`), then the ref is registered with
   the directory. The writing actor owns the object (Ray removed `ray.put(_owner=...)`), so the
   KV of a lost actor dies with it. The directory records each blob's writer (its actor id); when
   an actor is found lost, `writer_lost` drops all its blobs (counted `lost`) before anything
@@ -28,6 +29,7 @@ import dataclasses
 import time
 from typing import Any
 
+from seer_jax.rollout.backends.kv_codec import decode_kv_blob, encode_kv_blob
 from seer_jax.rollout.backends.kv_pool import HostKVPool, KVPoolStats
 
 GET_TIMEOUT_S = 60.0  # a blob not fetched in this long counts as lost (re-prefill)
@@ -111,7 +113,7 @@ class RayKVPool:
         import ray
 
         t0 = time.perf_counter()
-        ref = ray.put(blob)
+        ref = ray.put(encode_kv_blob(blob))
         seconds = time.perf_counter() - t0
         writer = ray.get_runtime_context().get_actor_id()  # None outside an actor
         # the ref travels inside a list, so the directory keeps the ref, not the blob
@@ -133,7 +135,7 @@ class RayKVPool:
 
         t0 = time.perf_counter()
         try:
-            blob = ray.get(refs[0], timeout=GET_TIMEOUT_S)
+            data = ray.get(refs[0], timeout=GET_TIMEOUT_S)
         except (ray.exceptions.ObjectLostError, ray.exceptions.GetTimeoutError):
             # its writer (the owner) or its node is gone: count it lost, the caller re-prefills
             if report:
@@ -141,7 +143,7 @@ class RayKVPool:
             return None
         if report:
             self.directory.record_get.remote(time.perf_counter() - t0)
-        return blob
+        return decode_kv_blob(data)  # KVBlobFormatError for anything but a KV blob
 
     def delete(self, request_id: str) -> None:
         self.directory.delete.remote(request_id)
