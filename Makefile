@@ -17,12 +17,13 @@ $(VENV)/.installed-fast: $(VENV)/.installed-base
 	$(PIP) install -q -e '.[test]'
 	touch $@
 
-# Reference checks (torch, transformers) and the Tunix adapter. google-tunix 0.1.7 pins
+# Reference checks (torch, transformers), the Tunix adapter and Mooncake Store (its wheel needs
+# the Debian libraries .ci/run installs; without them its tests skip saying why). google-tunix 0.1.7 pins
 # safetensors<0.8, which transformers >= 5.24 (whose GGUF tokenizer conversion we check against)
 # cannot use; tunix's own dependencies come from the tunix-deps extra and tunix itself is
 # installed last with --no-deps (it runs fine with safetensors 0.8).
 $(VENV)/.installed-test: $(VENV)/.installed-fast
-	$(PIP) install -q -e '.[test,ref,tunix-deps]'
+	$(PIP) install -q -e '.[test,ref,tunix-deps,mooncake]'
 	$(PIP) install -q --no-deps google-tunix==0.1.7
 	touch $@
 
