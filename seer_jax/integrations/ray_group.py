@@ -77,6 +77,8 @@ class RayEngineGroup:
         if not prompts:
             return []
         version = self.policy_version
+        if self.actors.lost:  # refused with fewer slices than configured unless allowed
+            self.actors.reset()
         group_ids = None
         if self.actors.draft is not None:
             # grouped speculation: the draft service forgets the last rollout's groups, and
@@ -88,7 +90,8 @@ class RayEngineGroup:
                       instances=self.actors.instances, sampling=dataclasses.replace(sampling, seed=seed),
                       policy=self.policy, pool=self.actors.pool, group_ids=group_ids,
                       config={"chunk_size": max_tokens, **self.controller_config},
-                      clock="concurrent", policy_options=self.policy_options)
+                      clock="concurrent", policy_options=self.policy_options,
+                      configured_instances=self.actors.num_slices)
         self.last_backend = "ray"
         return [GroupResponse(r.group_index, r.sample_index, list(r.prompt_ids), list(r.token_ids),
                               list(r.logprobs), r.finish_reason, version,

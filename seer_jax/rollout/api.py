@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import gc
 import json
+import logging
 import os
 import pathlib
 import sys
@@ -19,17 +20,19 @@ from collections.abc import Callable, Sequence
 import ml_collections
 
 from seer_jax.errors import ConfigError
-from seer_jax.rollout.backends.ray_cluster import RayBackendConfig
 from seer_jax.rollout.config import (  # noqa: F401 (bench_config, default_config: re-exported)
     bench_config,
     default_config,
     draft_sync_config,
     mooncake_config,
+    ray_backend_config,
     validate_config,
 )
 from seer_jax.rollout.core.policies import CATALOG, Hindsight, PolicyCatalog
 from seer_jax.rollout.core.policies.base import options_for
 from seer_jax.rollout.core.types import SamplingParams
+
+log = logging.getLogger(__name__)
 
 
 def ensure_cpu_devices(n: int) -> None:
@@ -88,9 +91,6 @@ def run_rollout(c: ml_collections.ConfigDict,
         return _restored_run(c, policies, prompts, state, tok)
     from seer_jax.engine.engine import EngineConfig
     from seer_jax.model import load
-    from seer_jax.rollout.backends.engine_instance import make_engine_instances
-    from seer_jax.rollout.core.run import rollout
-    from seer_jax.rollout.resume import records_to_restore, restored_output
 
     cfg, params, tok = load(c.model, c.dtype)
     if prompts is None:
@@ -106,15 +106,66 @@ def run_rollout(c: ml_collections.ConfigDict,
                                       chips=c.chips_per_instance, page_size=engine_cfg.page_size)
     outputs = {}
     step_logs = {}
-    kv_capacity = 0
-    hindsight = Hindsight()
     fault = None
     if c.fault_kill_instance >= 0:
         from seer_jax.rollout.core.concurrent_driver import FaultPlan
 
         fault = FaultPlan(c.fault_kill_instance, c.fault_after_chunks, c.fault_when)
-    ray_group = None
-    pools = _KVPools(c)
+    res = _Resources()
+    res.journal, res.state = journal, state
+    try:
+        res.pools = _KVPools(c)
+        _run_policies(c, policies, catalog, progress, res, prompts, sampling, cfg, params, tok,
+                      engine_cfg, eos, step_time, fault, outputs, step_logs)
+    except BaseException:  # no actor, pool or store outlives a failed run
+        res.close(quiet=True)
+        raise
+    res.close()
+    run = _finish_run(c, policies, prompts, outputs, step_logs, res.kv_capacity)
+    if journal is not None:
+        journal.close()
+        run.journal = {"path": str(journal.path), "records": journal.records,
+                       "bytes": journal.bytes, "write_s": journal.write_s}
+    return run
+
+
+class _Resources:
+    """What a run holds (Ray actors, KV pools, a Mooncake master), released by `close()`."""
+
+    def __init__(self):
+        self.pools: _KVPools | None = None
+        self.ray_group = None
+        self.inprocess_pool = None
+        self.kv_capacity = 0
+        self.journal = self.state = None  # the run's journal writer, and the state it resumes
+
+    def close(self, quiet: bool = False) -> None:
+        """Release everything; the first error of a release is raised after all were tried
+        (logged instead with `quiet`, while another error is on its way)."""
+        errors = []
+        for release in (lambda: self.ray_group and self.ray_group.shutdown(),
+                        lambda: hasattr(self.inprocess_pool, "shutdown")
+                        and self.inprocess_pool.shutdown(),
+                        lambda: self.pools and self.pools.close()):
+            try:
+                release()
+            except Exception as e:  # release the rest; the first error is re-raised below
+                errors.append(e)
+        self.ray_group = self.inprocess_pool = self.pools = None
+        for e in errors if quiet else errors[1:]:
+            log.warning("releasing the rollout's resources: %s: %s", type(e).__name__, e)
+        if errors and not quiet:
+            raise errors[0]
+
+
+def _run_policies(c, policies, catalog, progress, run, prompts, sampling, cfg, params, tok,
+                  engine_cfg, eos, step_time, fault, outputs, step_logs) -> None:
+    from seer_jax.rollout.backends.engine_instance import make_engine_instances
+    from seer_jax.rollout.core.run import rollout
+    from seer_jax.rollout.resume import records_to_restore, restored_output
+
+    pools, journal, state = run.pools, run.journal, run.state
+    hindsight = Hindsight()
     for policy in policies:
         if outputs and hindsight.true_lengths is None:
             first = next(iter(outputs.values()))
@@ -127,7 +178,8 @@ def run_rollout(c: ml_collections.ConfigDict,
         journaled = {} if journal is None else {
             "journal": journal.for_policy(policy), "restore": records_to_restore(state, policy)}
         if c.backend == "ray":
-            ray_group = _ray_group(c, cfg, engine_cfg, eos, ray_group, pools.ray_factory())
+            ray_group = run.ray_group = _ray_group(c, cfg, engine_cfg, eos, run.ray_group,
+                                                   pools.ray_factory())
             out = rollout(
                 prompts, group_size=c.group_size, max_tokens=c.max_tokens,
                 instances=ray_group.instances, sampling=sampling, policy=pol, pool=ray_group.pool,
@@ -135,16 +187,17 @@ def run_rollout(c: ml_collections.ConfigDict,
                 policy_options=options_for(pol, c.policy.to_dict()),
                 progress=progress(policy) if progress else None, detokenize=tok.decode,
                 fault=dataclasses.replace(fault) if fault else None,
-                replacer=ray_group.replacer(), **journaled)
+                replacer=ray_group.replacer(), configured_instances=c.num_instances,
+                **journaled)
             out.report.draft_service = ray_group.draft_stats()
             if journal is not None:
                 journal.policy_done(out.report.to_json()["report"])
             outputs[policy] = out
             step_logs[policy] = ray_group.step_logs()
             load = ray_group.instances[0].load()
-            kv_capacity = load.total_kv_pages * load.page_size
+            run.kv_capacity = load.total_kv_pages * load.page_size
             continue
-        pool = pools.inprocess_pool()
+        pool = run.inprocess_pool = pools.inprocess_pool()
         speculators = None
         if c.speculation:
             from seer_jax.drafting.budget import SpeculationBudget
@@ -168,22 +221,14 @@ def run_rollout(c: ml_collections.ConfigDict,
             journal.policy_done(outputs[policy].report.to_json()["report"])
         step_logs[policy] = [row for inst in instances for row in inst.step_log]
         load = instances[0].load()
-        kv_capacity = load.total_kv_pages * load.page_size
+        run.kv_capacity = load.total_kv_pages * load.page_size
+        run.inprocess_pool = None
         if hasattr(pool, "shutdown"):
             pool.shutdown()
         # release this policy's engines (KV caches, executables) before the next are built:
         # otherwise two sets are alive at once and the peak memory doubles
         del instances, pool, speculators
         gc.collect()
-    if ray_group is not None:
-        ray_group.shutdown()
-    pools.close()
-    run = _finish_run(c, policies, prompts, outputs, step_logs, kv_capacity)
-    if journal is not None:
-        journal.close()
-        run.journal = {"path": str(journal.path), "records": journal.records,
-                       "bytes": journal.bytes, "write_s": journal.write_s}
-    return run
 
 
 def _finish_run(c, policies, prompts, outputs, step_logs, kv_capacity) -> RolloutRun:
@@ -269,20 +314,15 @@ class _KVPools:
 
 def _ray_group(c, cfg, engine_cfg, eos, group, pool_factory=None):
     """Ray actors for the next policy's rollout: the previous ones reset (fresh engines and KV
-    pool), or new ones when there were none or fewer than num_instances are alive."""
+    pool), or new ones when there were none, or when fewer than num_instances are alive and
+    `allow_fewer_slices` is off."""
     from seer_jax.rollout.backends.ray_group import make_ray_instances
 
-    live = None if group is None else (
-        len(group.instances) - len(group.lost) + group.pending_replacements())
-    if live == c.num_instances:  # replacements still starting join in reset()
-        group.reset()
+    if group is not None and (c.allow_fewer_slices or group.live_slices() == c.num_instances):
+        group.reset()  # replacements still starting join in reset()
         return group
     if group is not None:
         group.shutdown()
-    backend = RayBackendConfig(address=c.ray_address, resource=c.ray_resource,
-                               step_timeout_s=c.ray_step_timeout_s,
-                               hosts_per_slice=c.ray_hosts_per_slice,
-                               pipeline_depth=c.ray_pipeline_depth)
     budget = None
     if c.speculation:
         import functools
@@ -294,12 +334,13 @@ def _ray_group(c, cfg, engine_cfg, eos, group, pool_factory=None):
     # each actor loads the weights itself from the model name/path (no copy in the object store)
     return make_ray_instances(cfg, c.model, num_instances=c.num_instances, tp=c.tp,
                               engine_config=dataclasses.replace(engine_cfg, speculation=c.speculation),
-                              backend=backend, dtype=c.dtype,
+                              backend=ray_backend_config(c), dtype=c.dtype,
                               eos_ids=eos, record_steps=True, replace_lost=c.ray_replace_lost,
                               pool_factory=pool_factory, draft_service=draft_sync_config(c),
                               spec_budget=budget,
                               fault_kill_draft_service_after_chunks=(
-                                  c.fault_kill_draft_service_after_chunks))
+                                  c.fault_kill_draft_service_after_chunks),
+                              allow_fewer_slices=c.allow_fewer_slices)
 
 
 def write_trace(path: str | pathlib.Path, results) -> None:

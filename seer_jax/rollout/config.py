@@ -47,7 +47,16 @@ def default_config() -> ml_collections.ConfigDict:
     c.backend = "inprocess"
     c.ray_address = ""  # "" = start a local cluster on 127.0.0.1; else join this cluster
     c.ray_resource = "CPU"  # what each slice's placement-group bundle reserves: CPU, GPU or TPU
-    c.ray_step_timeout_s = 600.0  # an actor silent this long in a step is killed and lost
+    # liveness (docs/deployment.md): a step may run the larger of ray_step_timeout_s and
+    # ray_step_timeout_factor x the actor's longest step so far; an actor that does not answer
+    # a ping (served mid-step) within ray_liveness_timeout_s is silent; either is lost
+    c.ray_step_timeout_s = 600.0
+    c.ray_step_timeout_factor = 10.0
+    c.ray_liveness_timeout_s = 60.0
+    c.ray_startup_timeout_s = 600.0  # starting the actors: imports, weights, engine build
+    # go on with the live slices after some were lost (False: the next policy's rollout starts
+    # a full set of actors again)
+    c.allow_fewer_slices = False
     # hosts one slice spans: one actor and bundle per host, tp / hosts devices each, joined
     # under jax.distributed
     c.ray_hosts_per_slice = 1
@@ -146,6 +155,17 @@ def draft_sync_config(c: ml_collections.ConfigDict):
     return SyncConfig(**d).validate("config.draft_service.")
 
 
+def ray_backend_config(c: ml_collections.ConfigDict) -> RayBackendConfig:
+    """The `RayBackendConfig` of a rollout config's ray_* keys."""
+    return RayBackendConfig(address=c.ray_address, resource=c.ray_resource,
+                            step_timeout_s=c.ray_step_timeout_s,
+                            step_timeout_factor=c.ray_step_timeout_factor,
+                            liveness_timeout_s=c.ray_liveness_timeout_s,
+                            startup_timeout_s=c.ray_startup_timeout_s,
+                            hosts_per_slice=c.ray_hosts_per_slice,
+                            pipeline_depth=c.ray_pipeline_depth)
+
+
 def validate_config(c: ml_collections.ConfigDict, catalog: PolicyCatalog = CATALOG) -> list[str]:
     """Check a rollout config; returns the list of policies to run. `catalog`: the policies it
     may name (the production ones unless given another)."""
@@ -178,12 +198,11 @@ def validate_config(c: ml_collections.ConfigDict, catalog: PolicyCatalog = CATAL
         if c.time_model != "measured":
             bad("time_model", c.time_model, "allowed: measured with backend='ray'")
         try:
-            RayBackendConfig(address=c.ray_address, resource=c.ray_resource,
-                             step_timeout_s=c.ray_step_timeout_s,
-                             hosts_per_slice=c.ray_hosts_per_slice,
-                             pipeline_depth=c.ray_pipeline_depth).validate().check_tp(c.tp)
+            ray_backend_config(c).validate().check_tp(c.tp)
         except ConfigError as e:
             raise ConfigError(f"config.{e}".replace("ray ", "ray_", 1)) from None
+    if not isinstance(c.allow_fewer_slices, bool):
+        bad("allow_fewer_slices", c.allow_fewer_slices, "allowed: True or False")
     if not isinstance(c.ray_replace_lost, bool):
         bad("ray_replace_lost", c.ray_replace_lost, "allowed: True or False")
     if c.ray_replace_lost and c.backend != "ray":

@@ -83,6 +83,11 @@ def test_fault_plan_needs_the_concurrent_clock_and_a_real_instance():
     ("ray_hosts_per_slice", 0, r"config.ray_hosts_per_slice=0 is invalid; allowed: an integer >= 1"),
     ("ray_hosts_per_slice", 2, r"config.ray_hosts_per_slice=2 is invalid for tp=1; allowed: a divisor of tp"),
     ("ray_pipeline_depth", 0, r"config.ray_pipeline_depth=0 is invalid; allowed: an integer from 1 to 8"),
+    ("ray_step_timeout_s", 0.0, r"config.ray_step_timeout_s=0.0 is invalid; allowed: a number > 0"),
+    ("ray_step_timeout_factor", 0.5,
+     r"config.ray_step_timeout_factor=0.5 is invalid; allowed: a number >= 1"),
+    ("ray_liveness_timeout_s", -1.0, r"config.ray_liveness_timeout_s=-1.0 is invalid; allowed: a number > 0"),
+    ("ray_startup_timeout_s", 0.0, r"config.ray_startup_timeout_s=0.0 is invalid; allowed: a number > 0"),
     ("fault_when", "later", r"config.fault_when='later' is invalid: allowed: chunks, kv_put, kv_load"),
     ("kv_pool", "ray", r"config.kv_pool='ray' is invalid: allowed with backend='inprocess': "
                        r"host, mooncake \(or '' for host\)"),

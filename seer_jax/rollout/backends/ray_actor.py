@@ -16,6 +16,7 @@ checks against the leader's. Only the leader writes KV to the pool (`_HostPool`)
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import time
 from collections.abc import Mapping
@@ -30,7 +31,9 @@ from seer_jax.rollout.backends.ray_cluster import pin_to_cpu_core
 from seer_jax.rollout.core.instance import KVPool
 from seer_jax.rollout.core.types import ChunkRequest, InstanceLoad, StepReport
 
-ACTOR_FAULTS = ("raise", "hang", "kill_on_kv_load")
+ACTOR_FAULTS = ("raise", "hang", "slow", "kill_on_kv_load")
+log = logging.getLogger(__name__)
+LIVENESS_GROUP = "liveness"  # the actor's concurrency group for `ping` (its own thread)
 Weights = Mapping[str, Any] | str  # a params tree of arrays, or a model name/path to load
 
 
@@ -44,6 +47,16 @@ class ActorSnapshot:
     params_version: int
     pid: int
     draft: dict | None = None  # the draft replica's stats and the shards it found down
+
+
+@dataclasses.dataclass
+class Liveness:
+    """What an actor answers to a ping, also in the middle of a step."""
+
+    pid: int
+    steps: int  # steps finished
+    running_s: float | None  # how long the step now running has run (None: none running)
+    longest_step_s: float  # the longest finished step (the first one compiles)
 
 
 def numpy_params(params: Mapping[str, Any]) -> dict[str, Any]:
@@ -65,6 +78,10 @@ class EngineActor:
         every host of the slice has started. draft: the `DraftSpec` of the draft service
         (grouped speculation with engine_config.speculation; the leader drafts)."""
         pin_to_cpu_core()  # RayBackendConfig.pin_cpus, before XLA starts its thread pool
+        if os.nice(0) > 0:
+            log.warning("engine actor %d runs at nice %d: beside busy processes its steps slow "
+                        "down; start the Ray cluster's nodes with RAY_worker_niceness=0",
+                        instance_id, os.nice(0))
         self.instance_id = instance_id
         self.host, self.hosts, self.tp = host, hosts, tp
         self.engine_config = engine_config
@@ -75,6 +92,10 @@ class EngineActor:
         self.cfg, self.params, self.dtype = cfg, weights, dtype
         self.params_version = params_version
         self.fault: str | None = None
+        self.fault_s = 0.0  # how long a "slow" step sleeps
+        self.steps = 0
+        self.longest_step_s = 0.0
+        self._step_started: float | None = None  # time.monotonic() of the running step
         self.inst = None
         self.draft, self.replica = draft, None
         self.builds = 0  # engines built (every host of a slice counts the same)
@@ -117,8 +138,11 @@ class EngineActor:
 
         if os.environ.get("JAX_PLATFORMS") == "cpu":
             jax.config.update("jax_cpu_collectives_implementation", "gloo")
+        # the leader's coordinator listens on its cluster address only (JAX's default binds
+        # every interface, [::]); the coordinator has no authentication
         jax.distributed.initialize(coordinator_address=coordinator, num_processes=self.hosts,
-                                   process_id=self.host, initialization_timeout=timeout_s)
+                                   process_id=self.host, initialization_timeout=timeout_s,
+                                   coordinator_bind_address=coordinator if self.host == 0 else None)
         self._local_devices()
         devices = jax.devices()
         if len(devices) != self.tp:
@@ -204,27 +228,45 @@ class EngineActor:
         if self.replica is not None:
             self.replica.abort(request_id)
 
+    def ping(self) -> Liveness:
+        """Answered from the liveness concurrency group's thread, while a step runs too."""
+        started = self._step_started
+        return Liveness(pid=os.getpid(), steps=self.steps,
+                        running_s=None if started is None else time.monotonic() - started,
+                        longest_step_s=self.longest_step_s)
+
     def step(self) -> tuple[StepReport, ActorSnapshot] | tuple[tuple, None]:
         """The leader's report and snapshot; a follower returns the digest of its report."""
-        if self.fault == "raise":
-            raise SeerError(f"injected fault on instance {self.instance_id}")
-        if self.fault == "hang":
-            time.sleep(3600)
-        if self.replica is not None:
-            self.replica.before_step()
-        rep = self.inst.step()
-        if self.replica is not None:
-            self.replica.after_step()
+        t0 = self._step_started = time.monotonic()
+        try:
+            if self.fault == "raise":
+                raise SeerError(f"injected fault on instance {self.instance_id}")
+            if self.fault == "hang":
+                time.sleep(3600)
+            if self.fault == "slow":
+                self.fault = None
+                time.sleep(self.fault_s)
+            if self.replica is not None:
+                self.replica.before_step()
+            rep = self.inst.step()
+            if self.replica is not None:
+                self.replica.after_step()
+        finally:
+            self._step_started = None
+        self.steps += 1
+        self.longest_step_s = max(self.longest_step_s, time.monotonic() - t0)
         if self.host > 0:
             return report_digest(rep), None
         return rep, self.snapshot()
 
-    def inject_fault(self, kind: str) -> None:
-        """Fault injection for tests and demos: the next step raises ("raise") or hangs ("hang"),
-        or the process exits while importing KV that another actor wrote ("kill_on_kv_load")."""
-        if kind not in ACTOR_FAULTS:
+    def inject_fault(self, kind: str | None, seconds: float = 0.0) -> None:
+        """Fault injection for tests and demos: every later step raises from inside the step
+        ("raise", as a bug in engine code would) or hangs while the actor still answers pings
+        ("hang"); the next step sleeps `seconds` before it runs ("slow"); or the process exits
+        while importing KV that another actor wrote ("kill_on_kv_load"); None disarms."""
+        if kind is not None and kind not in ACTOR_FAULTS:
             raise SeerError(f"fault {kind!r} is unknown; allowed: {list(ACTOR_FAULTS)}")
-        self.fault = kind
+        self.fault, self.fault_s = kind, seconds
 
     def set_instance_id(self, instance_id: int) -> None:
         self.instance_id = self.inst.instance_id = instance_id

@@ -51,7 +51,16 @@ class RayBackendConfig:
     resource: what one instance's bundle reserves: "CPU" (dev box; the actor gets `tp` fake
     CPU devices), "GPU" or "TPU" (`tp` of them, the slice's chips on its host).
     strategy: placement-group strategy of the bundles (one bundle per instance/host).
-    step_timeout_s: an actor whose step has not returned after this long is killed and lost.
+    step_timeout_s: the least time a step may run before its actor is killed and lost (the first
+    step, which compiles, included); later steps may run up to `step_timeout_factor` times the
+    actor's longest step so far when that is more, so a loaded host or a long compile that
+    slows every step does not lose an actor.
+    step_timeout_factor: see step_timeout_s.
+    liveness_interval_s: while waiting for a step, ping the actor when nothing came back for
+    this long; the actor answers from its own thread (a separate Ray concurrency group), also
+    in the middle of a step.
+    liveness_timeout_s: an actor that does not answer a ping within this long is silent: lost.
+    startup_timeout_s: how long starting an actor (imports, weights, engine build) may take.
     object_store_mb: object-store size of a local cluster (KV pool blobs and weights live there).
     num_cpus: logical CPUs of a local cluster (0 = max(os.cpu_count(), instances)).
     env: extra environment variables of every engine actor (e.g. a JAX compilation cache dir).
@@ -69,6 +78,10 @@ class RayBackendConfig:
     resource: str = "CPU"
     strategy: str = "SPREAD"
     step_timeout_s: float = 600.0
+    step_timeout_factor: float = 10.0
+    liveness_interval_s: float = 5.0
+    liveness_timeout_s: float = 60.0
+    startup_timeout_s: float = 600.0
     object_store_mb: int = 400
     num_cpus: int = 0
     env: dict[str, str] = dataclasses.field(default_factory=dict)  # extra actor env vars
@@ -81,8 +94,14 @@ class RayBackendConfig:
             raise ConfigError(f"ray resource={self.resource!r} is invalid; allowed: {list(RESOURCES)}")
         if self.strategy not in STRATEGIES:
             raise ConfigError(f"ray strategy={self.strategy!r} is invalid; allowed: {list(STRATEGIES)}")
-        if not self.step_timeout_s > 0:
-            raise ConfigError(f"ray step_timeout_s={self.step_timeout_s!r} is invalid; allowed: > 0")
+        for key in ("step_timeout_s", "liveness_interval_s", "liveness_timeout_s",
+                    "startup_timeout_s"):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+                raise ConfigError(f"ray {key}={value!r} is invalid; allowed: a number > 0")
+        factor = self.step_timeout_factor
+        if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not factor >= 1:
+            raise ConfigError(f"ray step_timeout_factor={factor!r} is invalid; allowed: a number >= 1")
         if not isinstance(self.object_store_mb, int) or self.object_store_mb < 80:
             raise ConfigError(
                 f"ray object_store_mb={self.object_store_mb!r} is invalid; allowed: an integer >= 80")
@@ -156,8 +175,9 @@ def ensure_ray(config: RayBackendConfig, min_cpus: int = 1) -> Any:
     ray = require_ray()
     if ray.is_initialized():
         return ray
+    # actors' stdout and stderr (their warnings and tracebacks) are printed by the driver
     if config.address:
-        ray.init(address=config.address, include_dashboard=False, log_to_driver=False)
+        ray.init(address=config.address, include_dashboard=False, log_to_driver=True)
         return ray
     for k, v in LOOPBACK_ENV.items():
         os.environ.setdefault(k, v)
@@ -166,7 +186,12 @@ def ensure_ray(config: RayBackendConfig, min_cpus: int = 1) -> Any:
         object_store_memory=config.object_store_mb * 1024 * 1024,
         include_dashboard=False,
         _node_ip_address="127.0.0.1",
-        log_to_driver=False,
+        log_to_driver=True,
         configure_logging=False,
+        # Ray runs its workers at nice 15 by default: beside any busy process at the normal
+        # priority an engine actor then gets a few percent of a core and its steps (and the
+        # first one's compile) take minutes. The engine actors are the workload: run them at
+        # the driver's priority.
+        _system_config={"worker_niceness": 0},
     )
     return ray

@@ -25,6 +25,7 @@ slices left.
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -32,12 +33,45 @@ from seer_jax.drafting.replicated import SyncConfig
 from seer_jax.engine.engine import EngineConfig
 from seer_jax.errors import ConfigError, SeerError
 from seer_jax.model.config import ModelConfig
-from seer_jax.rollout.backends.ray_actor import EngineActor, Weights, numpy_params
+from seer_jax.rollout.backends.ray_actor import LIVENESS_GROUP, EngineActor, Weights, numpy_params
 from seer_jax.rollout.backends.ray_cluster import RayBackendConfig, ensure_ray
 from seer_jax.rollout.backends.ray_proxy import RayInstance
 from seer_jax.rollout.core.instance import KVPool
 
 PLACEMENT_TIMEOUT_S = 60.0  # how long to wait for the cluster to fit the placement group
+log = logging.getLogger(__name__)
+
+
+class ActorStartupError(SeerError):
+    """Engine actors did not start (import, load the weights, build the engine) in time."""
+
+
+def proxy(backend: RayBackendConfig, instance_id: int, actors: Sequence[Any], snapshot: Any,
+          pool: Any, bundle_index: int) -> RayInstance:
+    """The controller-side proxy of one slice's actors (leader first)."""
+    return RayInstance(instance_id, actors[0], snapshot, backend.step_timeout_s,
+                       followers=actors[1:], pool=pool, bundle_index=bundle_index,
+                       pipeline_depth=backend.pipeline_depth,
+                       step_timeout_factor=backend.step_timeout_factor,
+                       liveness_interval_s=backend.liveness_interval_s,
+                       liveness_timeout_s=backend.liveness_timeout_s)
+
+
+def await_startup(refs: list, backend: RayBackendConfig, what: str) -> list:
+    """The answers of freshly started actors, or ActorStartupError naming `startup_timeout_s`
+    (or the error an actor raised while starting)."""
+    import ray
+
+    try:
+        return ray.get(refs, timeout=backend.startup_timeout_s)
+    except ray.exceptions.GetTimeoutError:
+        raise ActorStartupError(
+            f"{what}: not all actors started within ray startup_timeout_s="
+            f"{backend.startup_timeout_s:g} s (importing, loading weights, building the engine); "
+            "allowed: a larger startup_timeout_s on a slow or loaded host") from None
+    except (ray.exceptions.RayTaskError, ray.exceptions.RayActorError) as e:
+        raise ActorStartupError(f"{what}: an actor failed while starting: {e}") from None
+
 PoolFactory = Callable[[int | None], KVPool]  # capacity_bytes -> a pool every actor can use
 
 
@@ -62,8 +96,13 @@ class RayInstanceGroup:
 
     def __init__(self, instances: list[RayInstance], pool: KVPool, placement_group: Any,
                  pool_capacity_bytes: int | None = None, spec: ActorSpec | None = None,
-                 replace_lost: bool = False, pool_factory: PoolFactory | None = None):
+                 replace_lost: bool = False, pool_factory: PoolFactory | None = None,
+                 allow_fewer_slices: bool = False):
+        """allow_fewer_slices: `reset()` goes on with the live slices once some were lost
+        (False: it refuses, so a deployment does not shrink without a word)."""
         self.instances = instances
+        self.num_slices = len(instances)  # as configured
+        self.allow_fewer_slices = allow_fewer_slices
         self.pool = pool
         self.pool_capacity_bytes = pool_capacity_bytes
         self.pool_factory = pool_factory
@@ -98,22 +137,36 @@ class RayInstanceGroup:
             self.spec = dataclasses.replace(self.spec, weights=ref)
         return version
 
+    def live_slices(self) -> int:
+        return sum(not i.lost for i in self.instances) + len(self._pending)
+
     def reset(self) -> None:
         """Fresh engines and a fresh KV pool (zeroed counters) on every live actor, between
-        independent rollouts; lost actors are dropped and the live ones numbered 0..N-1."""
+        independent rollouts; lost actors are dropped and the live ones numbered 0..N-1. With
+        fewer live slices than configured it raises SeerError unless `allow_fewer_slices`
+        (then it logs a warning)."""
         import ray
 
         from seer_jax.rollout.backends.ray_pool import RayKVPool
 
         self._join_all()
+        live = [i for i in self.instances if not i.lost]
+        if len(live) < self.num_slices:
+            msg = (f"{len(live)} of the {self.num_slices} configured Ray slices are live "
+                   f"({self.num_slices - len(live)} lost)")
+            if not self.allow_fewer_slices:
+                raise SeerError(f"{msg}; the next rollout would run on fewer slices; allowed: "
+                                "allow_fewer_slices=True to go on with them, or start a new "
+                                "group (make_ray_instances)")
+            log.warning("%s; going on with them (allow_fewer_slices=True)", msg)
         make = self.pool_factory or RayKVPool.create
         old, self.pool = self.pool, make(self.pool_capacity_bytes)
         if self.draft is not None:  # empty shards before the fresh engines push to them
             self.draft.reset()
-        live = [i for i in self.instances if not i.lost]
         refs = [[a.reset.remote(self.pool, k) for a in i.actors] for k, i in enumerate(live)]
         for k, (inst, snaps) in enumerate(zip(live, refs, strict=True)):
             inst.instance_id, inst.snap, inst.pool = k, ray.get(snaps)[0], self.pool  # the leader's
+            inst.forget_steps()  # steps a failed rollout left queued ran before the reset
         self.instances = live
         if hasattr(old, "shutdown"):
             old.shutdown()
@@ -144,7 +197,7 @@ class RayInstanceGroup:
         import ray
 
         out: list[tuple[int, RayInstance]] = []
-        timeout = self.spec.backend.step_timeout_s if self.spec else PLACEMENT_TIMEOUT_S
+        timeout = self.spec.backend.startup_timeout_s if self.spec else PLACEMENT_TIMEOUT_S
         while self._pending and not out:
             refs = [p[3] for p in self._pending]
             done, _ = ray.wait(refs, num_returns=1 if wait else len(refs),
@@ -163,8 +216,7 @@ class RayInstanceGroup:
                     continue
                 iid = next_id + len(out)
                 actor.set_instance_id.remote(iid)
-                inst = RayInstance(iid, actor, snap, timeout, bundle_index=bundle, pool=self.pool,
-                                   pipeline_depth=self.spec.backend.pipeline_depth)
+                inst = proxy(self.spec.backend, iid, [actor], snap, self.pool, bundle)
                 inst.draft = self.draft
                 self.instances.append(inst)
                 out.append((lost_id, inst))
@@ -229,7 +281,10 @@ def _start_actor(spec: ActorSpec, pg: Any, bundle_index: int, instance_id: int, 
         opts["num_gpus"] = per_host
     elif backend.resource == "TPU":
         opts["resources"] = {"TPU": per_host}
-    return ray.remote(EngineActor).options(**opts).remote(
+    # pings are served by a thread of their own, also while a step runs; the default group
+    # keeps one thread, so every other call still runs in the order it was sent
+    actor_class = ray.remote(concurrency_groups={LIVENESS_GROUP: 1})(EngineActor)
+    return actor_class.options(**opts).remote(
         instance_id, spec.cfg, spec.weights, spec.dtype, spec.engine_config, spec.tp, pool,
         spec.eos_ids, spec.record_steps, params_version, host, backend.hosts_per_slice,
         spec.draft)
@@ -243,7 +298,8 @@ def make_ray_instances(cfg: ModelConfig, weights: Weights, *, num_instances: int
                        pool_factory: PoolFactory | None = None,
                        draft_service: SyncConfig | None = None,
                        spec_budget: Callable[[], Any] | None = None,
-                       fault_kill_draft_service_after_chunks: int = -1) -> RayInstanceGroup:
+                       fault_kill_draft_service_after_chunks: int = -1,
+                       allow_fewer_slices: bool = False) -> RayInstanceGroup:
     """Start the engine actors, one per slice host (`backend.hosts_per_slice` per slice; the
     placement group has one bundle per host), sharing a KV pool: `pool_factory(capacity_bytes)`
     (called once Ray is up, and again by `reset()`), by default the object-store `RayKVPool`.
@@ -254,7 +310,9 @@ def make_ray_instances(cfg: ModelConfig, weights: Weights, *, num_instances: int
     draft_service: its shards and sync, default one shard, one step stale) and each actor
     drafts from its replica; spec_budget() builds each actor's speculation budget (None: the
     cost-model default); fault_kill_draft_service_after_chunks >= 0 kills the shard of the
-    first group once that many chunks have ended."""
+    first group once that many chunks have ended.
+    allow_fewer_slices: see `RayInstanceGroup`. Starting the actors may take up to
+    `backend.startup_timeout_s` (ActorStartupError naming it otherwise)."""
     from seer_jax.rollout.backends.ray_pool import RayKVPool
 
     backend = (backend or RayBackendConfig()).validate()
@@ -290,20 +348,27 @@ def make_ray_instances(cfg: ModelConfig, weights: Weights, *, num_instances: int
                      draft=draft.spec if draft is not None else None)
     slices = [[_start_actor(spec, pg, i * hosts + h, i, pool, 0, h) for h in range(hosts)]
               for i in range(num_instances)]
-    if hosts > 1:  # every host of a slice joins its leader's jax.distributed cluster at once
-        leaders = ray.get([actors[0].coordinator.remote() for actors in slices],
-                          timeout=backend.step_timeout_s)
-        timeout = int(backend.step_timeout_s)
-        ray.get([a.join.remote(addr, timeout) for addr, actors in zip(leaders, slices, strict=True)
-                 for a in actors], timeout=backend.step_timeout_s)
-    snaps = ray.get([actors[0].snapshot.remote() for actors in slices],
-                    timeout=backend.step_timeout_s)
-    instances = [RayInstance(i, actors[0], s, backend.step_timeout_s, followers=actors[1:],
-                             pool=pool, bundle_index=i * hosts,
-                             pipeline_depth=backend.pipeline_depth)
+    try:
+        what = f"starting {num_instances} slice(s) of {hosts} actor(s)"
+        if hosts > 1:  # every host of a slice joins its leader's jax.distributed cluster at once
+            leaders = await_startup([actors[0].coordinator.remote() for actors in slices],
+                                    backend, what)
+            timeout = int(backend.startup_timeout_s)
+            await_startup([a.join.remote(addr, timeout)
+                           for addr, actors in zip(leaders, slices, strict=True) for a in actors],
+                          backend, what)
+        snaps = await_startup([actors[0].snapshot.remote() for actors in slices], backend, what)
+    except BaseException:
+        for a in (a for actors in slices for a in actors):
+            ray.kill(a, no_restart=True)
+        if hasattr(pool, "shutdown"):
+            pool.shutdown()
+        ray.util.remove_placement_group(pg)
+        raise
+    instances = [proxy(backend, i, actors, s, pool, i * hosts)
                  for i, (actors, s) in enumerate(zip(slices, snaps, strict=True))]
     group = RayInstanceGroup(instances, pool, pg, pool_capacity_bytes, spec, replace_lost,
-                             pool_factory)
+                             pool_factory, allow_fewer_slices)
     if draft is not None:
         group.draft = draft
         draft.instances = lambda: group.instances

@@ -4,9 +4,16 @@ It keeps a snapshot of the actor's state (clock, work, KV load, which groups' pr
 in-flight progress) returned by every step, so the controller's placement questions cost no
 round trip; `submit`, `abort` and `set_now` are sent without waiting (an actor runs its calls in
 order, so they land before its next step). Steps can be started on every instance at once
-(`start_step`) and collected afterwards (`finish_step`): what `ConcurrentDriver` does. An actor
-that dies, raises from a step, or does not answer within `step_timeout_s` raises
-`InstanceLostError` (and is killed, so a hung process does not linger).
+(`start_step`) and collected afterwards (`finish_step`): what `ConcurrentDriver` does.
+
+Slow is not dead. While a step runs the proxy pings the actor (`EngineActor.ping`, served by its
+own Ray concurrency group, so it is answered mid-step). An actor that dies, does not answer a
+ping within `liveness_timeout_s` (silent), or whose step runs past its limit (the larger of
+`step_timeout_s` and `step_timeout_factor` times the longest step it has run, its first,
+compiling step included) is lost: `InstanceLostError`, and it is killed so a hung process does
+not linger. A loaded host slows every step, so the limit grows with them. An exception raised
+by the engine inside the actor is not a loss: it fails the rollout (`InstanceFailedError`, with
+the actor's traceback).
 
 Multi-host slices: every state-changing call (submit, abort, set_now, step, fault injection,
 kill) goes to all H actors in the same order, so their host-side schedulers stay identical and
@@ -28,8 +35,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from seer_jax.errors import SeerError
-from seer_jax.rollout.backends.ray_actor import ActorSnapshot, report_digest
-from seer_jax.rollout.core.instance import InstanceLostError
+from seer_jax.rollout.backends.ray_actor import LIVENESS_GROUP, ActorSnapshot, report_digest
+from seer_jax.rollout.core.instance import InstanceFailedError, InstanceLostError
 from seer_jax.rollout.core.types import ChunkRequest, InstanceLoad, StepReport
 
 
@@ -39,17 +46,22 @@ class RayInstance:
 
     def __init__(self, instance_id: int, actor: Any, snapshot: ActorSnapshot, step_timeout_s: float,
                  followers: Sequence[Any] = (), pool: Any = None, bundle_index: int = 0,
-                 pipeline_depth: int = 1):
+                 pipeline_depth: int = 1, step_timeout_factor: float = 10.0,
+                 liveness_interval_s: float = 5.0, liveness_timeout_s: float = 60.0):
         """followers: the other hosts' actors of a multi-host slice; pool: the KV pool (its
         handles are resolved here for a multi-host slice, and it is told when the slice is lost,
         so the KV its leader wrote is dropped); bundle_index: the leader's placement-group
-        bundle; pipeline_depth: how many steps `ConcurrentDriver` keeps queued on the actor."""
+        bundle; pipeline_depth: how many steps `ConcurrentDriver` keeps queued on the actor;
+        step_timeout_s, step_timeout_factor, liveness_*: see `RayBackendConfig`."""
         self.instance_id = instance_id
         self.actor = actor
         self.actors = [actor, *followers]
         self.pool = pool
         self.snap = snapshot
         self.step_timeout_s = step_timeout_s
+        self.step_timeout_factor = step_timeout_factor
+        self.liveness_interval_s = liveness_interval_s
+        self.liveness_timeout_s = liveness_timeout_s
         self.bundle_index = bundle_index  # its placement-group bundle
         self.lost = False
         self.killed = False  # `kill` was called (the actors may still answer for a moment)
@@ -134,7 +146,7 @@ class RayInstance:
         if started is not refs:
             raise SeerError(f"instance {self.instance_id}: steps must be finished in the order "
                             "they were started")
-        (rep, snap), *followers = self._get(refs, self.step_timeout_s)
+        (rep, snap), *followers = self._await_step(refs)
         digest = report_digest(rep)
         for h, (other, _) in enumerate(followers, 1):
             if other != digest:
@@ -164,6 +176,11 @@ class RayInstance:
             time.sleep(0.01)
         self._lose(f"still answering {timeout_s:g} s after it was killed")
 
+    def forget_steps(self) -> None:
+        """Drop the refs of steps and submits never collected (a rollout that failed)."""
+        self._started.clear()
+        self._submits = []
+
     def kill(self) -> None:
         import ray
 
@@ -172,8 +189,9 @@ class RayInstance:
             ray.kill(a, no_restart=True)
 
     def _get(self, refs: list, timeout_s: float) -> list:
-        """Every host's answer, or InstanceLostError (and the slice killed) as soon as one host
-        dies or raises, or when not all answered within timeout_s."""
+        """Every host's answer to a short call (not a step), or InstanceLostError (and the slice
+        killed) as soon as one host dies, or when not all answered within timeout_s; a call
+        that raised is an `InstanceFailedError`."""
         import ray
 
         deadline = time.monotonic() + timeout_s
@@ -183,16 +201,67 @@ class RayInstance:
                 ready, pending = ray.wait(pending, num_returns=1,
                                           timeout=max(0.0, deadline - time.monotonic()))
                 if not ready:
-                    raise ray.exceptions.GetTimeoutError()
+                    self._lose(f"no answer within {timeout_s:g} s")
                 ray.get(ready)  # raises at once when that host died or raised
             return ray.get(refs)
-        except ray.exceptions.GetTimeoutError:
-            why = f"no answer within {timeout_s:g} s"
         except ray.exceptions.RayActorError as e:
-            why = f"actor died ({type(e).__name__})"
+            self._lose(f"actor died ({type(e).__name__})")
         except ray.exceptions.RayTaskError as e:
-            why = f"step raised {type(e.cause).__name__}: {e.cause}"
-        self._lose(why)
+            raise self._failed(e) from e.cause
+
+    def _await_step(self, refs: list) -> list:
+        """Every host's answer to a step. While none comes back the actors are pinged (they
+        answer from their liveness thread, also mid-step): a host that does not answer within
+        `liveness_timeout_s` is silent, and one whose step has run past `step_limit` hangs;
+        either loses the slice, as does a host that dies. A step that raised fails the rollout
+        (`InstanceFailedError`): a bug is not a lost machine."""
+        import ray
+
+        pending = list(refs)
+        try:
+            while pending:
+                ready, pending = ray.wait(pending, num_returns=1,
+                                          timeout=self.liveness_interval_s)
+                if ready:
+                    ray.get(ready)  # raises at once when that host died or raised
+                    continue
+                self._check_liveness([self.actors[refs.index(r)] for r in pending])
+            return ray.get(refs)
+        except ray.exceptions.RayActorError as e:
+            self._lose(f"actor died ({type(e).__name__})")
+        except ray.exceptions.RayTaskError as e:
+            raise self._failed(e) from e.cause
+
+    def step_limit(self, longest_step_s: float) -> float:
+        """How long a step may run on an actor whose longest step so far took longest_step_s."""
+        return max(self.step_timeout_s, self.step_timeout_factor * longest_step_s)
+
+    def _check_liveness(self, actors: list) -> None:
+        import ray
+
+        pings = [a.ping.options(concurrency_group=LIVENESS_GROUP).remote() for a in actors]
+        answered, _ = ray.wait(pings, num_returns=len(pings), timeout=self.liveness_timeout_s)
+        for ref, actor in zip(pings, actors, strict=True):
+            host = self.actors.index(actor)
+            where = f"host {host} " if len(self.actors) > 1 else ""
+            if ref not in answered:
+                self._lose(f"silent: {where}did not answer a liveness ping within "
+                           f"{self.liveness_timeout_s:g} s (liveness_timeout_s)")
+            live = ray.get(ref)  # RayActorError when it died meanwhile
+            if live.running_s is not None and live.running_s > self.step_limit(live.longest_step_s):
+                self._lose(
+                    f"{where}step running for {live.running_s:.0f} s, past its limit "
+                    f"{self.step_limit(live.longest_step_s):.0f} s (the larger of step_timeout_s="
+                    f"{self.step_timeout_s:g} and step_timeout_factor={self.step_timeout_factor:g}"
+                    f" x its longest step, {live.longest_step_s:.1f} s)")
+
+    def _failed(self, e: Any) -> InstanceFailedError:
+        """The error a host raised, with its traceback from the actor's process."""
+        cause = e.cause if getattr(e, "cause", None) is not None else e
+        trace = getattr(e, "traceback_str", "") or str(e)
+        return InstanceFailedError(
+            f"instance {self.instance_id} raised {type(cause).__name__}: {cause}\n"
+            f"--- traceback in the actor (pid {getattr(e, 'pid', '?')}) ---\n{trace}")
 
     def _lose(self, why: str) -> None:
         self.lost = True

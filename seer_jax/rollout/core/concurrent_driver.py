@@ -46,6 +46,7 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import dataclasses
+import logging
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
@@ -60,6 +61,7 @@ if TYPE_CHECKING:
 
 
 FAULT_WHEN = ("chunks", "kv_put", "kv_load")
+log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass
@@ -148,6 +150,7 @@ class ConcurrentDriver(_DriverBase):
                         reports[i] = self._finish(insts[i], self.inflight[i].popleft())
                     except InstanceLostError as e:
                         self.lost_reasons.setdefault(i, str(e))
+                        log.warning("%s; its chunks go back to the buffer", e)
                         lost.append(i)
                 now = self.clock() - origin
                 self.rounds += 1

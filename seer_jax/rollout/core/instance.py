@@ -1,7 +1,8 @@
 """The instance interface: the only view the controller and policies have of an inference instance.
 
-Three worlds implement it: a real engine on a mesh slice (`rollout.engine_instance`), a simulated
-instance with a cost model (`sim.instance`), and (later) a Ray actor wrapping a real engine.
+Three worlds implement it: a real engine on a mesh slice (`rollout.backends.engine_instance`), a
+simulated instance with a cost model (`sim.instance`), and a Ray actor wrapping a real engine
+(`rollout.backends.ray_proxy`).
 Time is never read from the wall clock here: each instance owns a clock (`now()`), advanced by its
 steps: real measured durations, or modelled ones.
 
@@ -73,4 +74,11 @@ class KVPool(Protocol):
 
 
 class InstanceLostError(SeerError):
-    """An instance is gone (crashed, preempted, unreachable); raised by `step()`/`submit()`."""
+    """An instance is gone (crashed, preempted, unreachable, silent); raised by `step()`/
+    `submit()`. The controller re-dispatches its chunks."""
+
+
+class InstanceFailedError(SeerError):
+    """Engine or model code raised inside a live instance (a bug, not a lost machine): the
+    rollout fails with it. The message carries the instance's own traceback; `__cause__` is the
+    original exception when the backend can rebuild it."""

@@ -136,6 +136,9 @@ class RolloutReport:
     # the distributed draft service (grouped speculation on Ray): shards lost and rebuilt, and
     # its replicas' sync counters; None elsewhere
     draft_service: dict[str, Any] | None = None
+    # instances the deployment is configured with, when a backend started it with more than
+    # this rollout ran on (some were lost before it); None: all of them ran
+    configured_instances: int | None = None
 
     @property
     def spec_acceptance(self) -> float | None:
@@ -171,6 +174,7 @@ class RolloutReport:
             "reprefill_chunks": self.reprefill_chunks,
             "kv_pool_lost_blobs": self.kv_pool_lost_blobs,
             "replacement_instances": len(self.replacement_instances),
+            "configured_instances": self.configured_instances,
             "kv_pool_transfer_gbps": self.kv_pool_transfer_gbps,
             "draft_shards_lost": None if self.draft_service is None else self.draft_service["lost_shards"],
             "draft_shards_rebuilt": (None if self.draft_service is None
@@ -328,6 +332,9 @@ def report_table(report: RolloutReport):
         ("mean / max length", f"{report.mean_output_len:.1f} / {report.max_output_len}"),
         ("truncated (hit max_tokens)", f"{report.truncated_fraction:.1%}"),
     ]
+    if report.configured_instances is not None:
+        rows.append(("fewer instances than configured",
+                     f"{report.num_instances} of {report.configured_instances} at the start"))
     if report.lost_instances:
         rows.append(("lost instances", str(report.lost_instances)))
         rows.append(("re-dispatched chunks", str(report.redispatched_chunks)))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -22,6 +23,8 @@ from seer_jax.rollout.core.journal import RequestRecord
 from seer_jax.rollout.core.policies import Policy
 from seer_jax.rollout.core.report import RolloutReport, build_report
 from seer_jax.rollout.core.types import SamplingParams
+
+log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass
@@ -53,6 +56,7 @@ def rollout(
     carry: CarryOver | None = None,
     target_groups: int | None = None,
     weight_version: int = 0,
+    configured_instances: int | None = None,
 ) -> RolloutOutput:
     """Run one synchronous rollout: every group's prompt sampled `group_size` times.
 
@@ -70,6 +74,8 @@ def rollout(
     call left unfinished run too, and the call returns once `target_groups` groups (default:
     all) are complete, carrying the rest to the next call. weight_version: the version of the
     weights the instances serve, recorded with every token (`ResponseResult.weight_versions`).
+    configured_instances: how many instances the deployment has when all are live; with fewer
+    `instances` the report and the log say so.
     Returns every response (group order, then sample order) and the rollout report.
     """
     if carry is not None:
@@ -110,9 +116,15 @@ def rollout(
                           "allowed: 'concurrent'")
     else:
         driver = make_driver(clock, ctl, wall_clock=wall_clock)
+    fewer = configured_instances is not None and len(instances) < configured_instances
+    if fewer:
+        log.warning("the rollout starts on %d of %d configured instances", len(instances),
+                    configured_instances)
     driver.run()
     results = ctl.results(detokenize)
     if carry is not None:
         carry.collect(ctl, weight_version)
     report = build_report(results, ctl, driver, pool=pool)
+    if fewer:
+        report.configured_instances = configured_instances
     return RolloutOutput(results=results, report=report)
