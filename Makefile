@@ -4,8 +4,12 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 PYTEST := $(PY) -m pytest -q -p no:cacheprovider -n 2
+# compilers for TPU (libtpu) and NVIDIA GPUs (XLA:GPU, Triton, ptxas) in their own environment
+# (about 6.5 GB), pinned to the jax of the main one: the hardware compile tests run there
+HWVENV ?= .venv-hw
+HWPY := $(HWVENV)/bin/python
 
-.PHONY: demo test test-fast lint venv clean
+.PHONY: demo test test-fast test-hardware test-hardware-all lint venv clean
 
 $(VENV)/.installed-base: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -27,6 +31,14 @@ $(VENV)/.installed-test: $(VENV)/.installed-fast
 	$(PIP) install -q --no-deps google-tunix==0.1.7
 	touch $@
 
+$(HWVENV)/.installed: pyproject.toml $(VENV)/.installed-base
+	$(PYTHON) -m venv $(HWVENV)
+	$(HWVENV)/bin/pip install -q --upgrade pip
+	jax=$$($(PY) -c "import jax; print(jax.__version__)") && \
+	  $(HWVENV)/bin/pip install -q "jax[tpu]==$$jax" "jax[cuda12]==$$jax" absl-py
+	$(HWVENV)/bin/pip install -q -e . pytest pytest-xdist
+	touch $@
+
 venv: $(VENV)/.installed-base
 
 demo: $(VENV)/.installed-base
@@ -40,12 +52,24 @@ test-fast: $(VENV)/.installed-fast
 	$(VENV)/bin/seer-jax fetch-model smollm2
 	$(PYTEST) -m "not slow"
 
+# the CPU suite, then the hardware compile tests (default set) in their own environment
 test: $(VENV)/.installed-test
 	$(VENV)/bin/seer-jax fetch-model smollm2
-	$(PYTEST)
+	$(PYTEST) --ignore=tests/hardware
+	$(MAKE) test-hardware
+
+# every kernel and each deployment config's engine step compiled for TPU v5e/v5p/v6e and
+# H100/H200 on this host: the shipped models' shapes and a corner of the kernel product
+test-hardware: $(HWVENV)/.installed
+	SEER_REQUIRE_COMPILERS=1 $(HWPY) -m pytest -q -p no:cacheprovider -n 2 tests/hardware \
+	  -m "not exhaustive"
+
+# the whole kernel product: GQA group 1-10 x head_dim x dtype x page size x kernel x target
+test-hardware-all: $(HWVENV)/.installed
+	SEER_REQUIRE_COMPILERS=1 $(HWPY) -m pytest -q -p no:cacheprovider -n 2 tests/hardware
 
 lint: $(VENV)/.installed-fast
 	$(VENV)/bin/ruff check seer_jax tests benchmarks examples configs
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(HWVENV) .pytest_cache .ruff_cache

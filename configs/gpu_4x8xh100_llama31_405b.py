@@ -22,7 +22,7 @@ def get_config():
         intermediate_size=53248, num_layers=126, num_heads=128, num_kv_heads=8, head_dim=128,
         rope_theta=500000.0, rms_norm_eps=1e-5, tie_word_embeddings=False,
         max_position_embeddings=131072, dtype="bfloat16"))
-    c.mesh.update(dict(num_instances=2, tp=16, devices=32, hbm_gib_per_device=74.0))
+    c.mesh.update(dict(num_instances=2, tp=16, devices=32, hbm_gib_per_device=74.0, chip="h100"))
     c.engine.update(dict(page_size=16, num_pages=0, kv_memory_gib=16.0, max_num_seqs=128,
                          max_num_batched_tokens=4096, max_prefill_seqs=8, max_model_len=9216))
     # one Ray actor and one bundle of 8 GPUs per host, each host its own (STRICT_SPREAD); the two

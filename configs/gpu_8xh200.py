@@ -18,7 +18,7 @@ def get_config():
         intermediate_size=18944, num_layers=28, num_heads=28, num_kv_heads=4, head_dim=128,
         rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=False,
         max_position_embeddings=32768, dtype="bfloat16"))
-    c.mesh.update(dict(num_instances=4, tp=2, devices=8, hbm_gib_per_device=131.0))
+    c.mesh.update(dict(num_instances=4, tp=2, devices=8, hbm_gib_per_device=131.0, chip="h200"))
     c.engine.update(dict(page_size=16, num_pages=0, kv_memory_gib=160.0, max_num_seqs=256,
                          max_num_batched_tokens=8192, max_prefill_seqs=8, max_model_len=17408))
     # one Ray actor per tp2 slice, all four on this host

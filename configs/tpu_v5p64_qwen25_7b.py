@@ -18,7 +18,7 @@ def get_config():
         intermediate_size=18944, num_layers=28, num_heads=28, num_kv_heads=4, head_dim=128,
         rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=False,
         max_position_embeddings=32768, dtype="bfloat16"))
-    c.mesh.update(dict(num_instances=8, tp=4, devices=32, hbm_gib_per_device=88.0))
+    c.mesh.update(dict(num_instances=8, tp=4, devices=32, hbm_gib_per_device=88.0, chip="v5p"))
     c.engine.update(dict(page_size=64, num_pages=0, kv_memory_gib=240.0, max_num_seqs=256,
                          max_num_batched_tokens=8192, max_prefill_seqs=8, max_model_len=33792))
     # one Ray actor per slice, each slice on its own host (4 chips = one v5p host)

@@ -16,7 +16,7 @@ def get_config():
         intermediate_size=14336, num_layers=32, num_heads=32, num_kv_heads=8, head_dim=128,
         rope_theta=500000.0, rms_norm_eps=1e-5, tie_word_embeddings=False,
         max_position_embeddings=8192, dtype="bfloat16"))
-    c.mesh.update(dict(num_instances=8, tp=4, devices=32, hbm_gib_per_device=29.8))
+    c.mesh.update(dict(num_instances=8, tp=4, devices=32, hbm_gib_per_device=29.8, chip="v6e"))
     c.engine.update(dict(page_size=64, num_pages=0, kv_memory_gib=80.0, max_num_seqs=128,
                          max_num_batched_tokens=4096, max_prefill_seqs=8, max_model_len=8192))
     c.policies = "seer"

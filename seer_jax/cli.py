@@ -17,6 +17,7 @@ COMMANDS = (
     "seer_jax.commands.rollout",
     "seer_jax.commands.simulate",
     "seer_jax.commands.bench",
+    "seer_jax.commands.check_deploy",
 )
 
 

@@ -1,8 +1,8 @@
 """The package's layers import only downwards, and no two modules import each other.
 
 Layers, lowest first (a module may import its own layer and any lower one):
-errors/config_files -> pallas, costs -> model -> drafting -> engine -> rollout -> sim ->
-analysis -> integrations -> commands/cli. Inside rollout, `rollout.core` (controller, policies,
+errors/config_files/provenance -> pallas, costs -> model -> drafting -> engine -> rollout -> sim ->
+analysis -> integrations -> hardware -> commands/cli. Inside rollout, `rollout.core` (controller, policies,
 drivers) imports nothing else of `rollout` (no backend, no config/api) and none of
 ray/mooncake/jax: it drives instances through its `Instance` interface only. Imports under
 `if TYPE_CHECKING:` are annotations only and do not count; imports inside functions do.
@@ -17,7 +17,7 @@ import pytest
 
 PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "seer_jax"
 LAYERS = [
-    {"errors", "config_files", "__init__"},
+    {"errors", "config_files", "provenance", "__init__"},
     {"pallas", "costs"},
     {"model"},
     {"drafting"},
@@ -26,6 +26,7 @@ LAYERS = [
     {"sim"},
     {"analysis"},
     {"integrations"},
+    {"hardware"},
     {"commands", "cli"},
 ]
 

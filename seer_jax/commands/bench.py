@@ -79,6 +79,7 @@ def run(args: argparse.Namespace) -> int:
     from seer_jax.engine.model_runner import ModelRunner
     from seer_jax.errors import InputError
     from seer_jax.model import load
+    from seer_jax.provenance import run_info
 
     if not args.profile:
         raise InputError("nothing to do: pass --profile")
@@ -106,6 +107,7 @@ def run(args: argparse.Namespace) -> int:
                     "max_gamma_step_ratio_vs_decode": max(
                         p["step_s"] / base[p["batch_size"]] for p in points if p["batch_size"] in base)
                     if base else None},
+        "run": run_info(),
     }
     if args.json_path:
         with open(args.json_path, "w") as f:

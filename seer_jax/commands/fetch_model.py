@@ -19,6 +19,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from seer_jax.provenance import run_info
+
     spec = hub.KNOWN_MODELS.get(args.model)
     if spec is None:
         raise SeerError(
@@ -35,6 +37,7 @@ def run(args: argparse.Namespace) -> int:
             "sha256": spec.sha256,
             "bytes": size,
             "summary": {"model": spec.name, "bytes": size, "downloaded": not already},
+            "run": run_info(),
         }
         print(json.dumps(out))
     else:

@@ -41,6 +41,7 @@ def parse_ids(text: str) -> list[int]:
 def run(args: argparse.Namespace) -> int:
     from seer_jax.model import load
     from seer_jax.model.generate import generate
+    from seer_jax.provenance import run_info
     from seer_jax.rollout.core.types import SamplingParams
 
     if args.max_tokens < 1:
@@ -71,6 +72,7 @@ def run(args: argparse.Namespace) -> int:
             "text": text, "finish_reason": out.finish_reason,
             "summary": {"num_tokens": len(out.token_ids), "seconds": round(elapsed, 3),
                         "finish_reason": out.finish_reason},
+            "run": run_info(),
         }))
     else:
         print(text if text is not None else " ".join(map(str, out.token_ids)))

@@ -35,6 +35,7 @@ def run(args: argparse.Namespace) -> int:
 
     from seer_jax.analysis.policies import CATALOG
     from seer_jax.config_files import load_config_file
+    from seer_jax.provenance import run_info
     from seer_jax.rollout.api import run_rollout
     from seer_jax.rollout.config import validate_config
 
@@ -82,6 +83,7 @@ def run(args: argparse.Namespace) -> int:
             "responses": [{"request_id": r.request_id, "token_ids": r.token_ids, "text": r.text,
                            "finish_reason": r.finish_reason, "logprobs": r.logprobs}
                           for r in first.results],
+            "run": run_info(),
         }
         with open(args.json_path, "w") as f:
             json.dump(report, f, indent=1, default=str)

@@ -145,7 +145,10 @@ def run(args: argparse.Namespace) -> int:
         console.print(f"wrote {len(paths)} plots to {args.plots}")
 
     if args.json:
+        from seer_jax.provenance import run_info
+
         out["summary"] = summary
+        out["run"] = run_info()
         path = pathlib.Path(args.json)
         if path.parent and not path.parent.exists():
             raise ConfigError(f"--json directory does not exist: {path.parent}")

@@ -194,6 +194,25 @@ def _read_pages(k_all, v_all, pages):
     return k_all[:, :, pages], v_all[:, :, pages]
 
 
+def cache_shape(cfg: ModelConfig, plan: AttentionPlan, num_pages: int,
+                page_size: int) -> tuple[int, ...]:
+    """Shape of each of the K and V caches: [L, Hkv * kv_repeat, P, S, D]."""
+    return (cfg.num_layers, cfg.num_kv_heads * plan.kv_repeat, num_pages, page_size,
+            cfg.head_dim)
+
+
+def cache_sharding(mesh: Mesh, shape: tuple[int, ...]) -> NamedSharding:
+    """The caches' sharding on a mesh: KV heads over tp where they divide, else replicated."""
+    tp = mesh.shape.get("tp", 1)
+    return NamedSharding(mesh, PartitionSpec(None, "tp" if shape[1] % tp == 0 else None))
+
+
+def step_function(kind: str):
+    """The jitted step: "sample" (decode and prefill rows sampled) or "verify" (the decode
+    region verifies draft trees)."""
+    return {"sample": _sample_step, "verify": _verify_step}[kind]
+
+
 class ModelRunner:
     """Owns params and the paged KV cache of one engine, on one mesh slice."""
 
@@ -221,12 +240,9 @@ class ModelRunner:
         self.rules = rules
         self.set_params(params)
         self.kv_repeat = self.plan.kv_repeat
-        shape = (cfg.num_layers, cfg.num_kv_heads * self.kv_repeat, num_pages, page_size,
-                 cfg.head_dim)
+        shape = cache_shape(cfg, self.plan, num_pages, page_size)
         if mesh is not None:
-            tp = mesh.shape.get("tp", 1)
-            spec = PartitionSpec(None, "tp" if shape[1] % tp == 0 else None)
-            sharding = NamedSharding(mesh, spec)
+            sharding = cache_sharding(mesh, shape)
             zeros = jax.jit(lambda: jnp.zeros(shape, dtype), out_shardings=sharding)
             self.k_all, self.v_all = zeros(), zeros()
         else:

@@ -14,9 +14,10 @@ from typing import Any
 
 import ml_collections
 
+from seer_jax.costs import GIB, get_accelerator
 from seer_jax.engine.engine import EngineConfig
 from seer_jax.errors import ConfigError
-from seer_jax.model.config import ModelConfig
+from seer_jax.model.config import ARCHITECTURES, ModelConfig
 from seer_jax.model.llama import LOGICAL_AXES, param_shapes
 from seer_jax.model.sharding import ShardingRules
 from seer_jax.rollout.backends.ray_cluster import RayBackendConfig
@@ -43,6 +44,8 @@ def default_config() -> ml_collections.ConfigDict:
     c.mesh = ml_collections.ConfigDict(dict(
         num_instances=2, tp=2, devices=4,
         hbm_gib_per_device=0.0,  # 0: do not check the memory budget (CPU)
+        chip="",  # the accelerator (v5e, v5p, v6e, h100, h200): what `check-deploy --compile`
+                  # compiles the step for; "" on CPU
     ))
     c.engine = ml_collections.ConfigDict(dict(
         page_size=16, num_pages=256, kv_memory_gib=0.0, max_num_seqs=32,
@@ -74,6 +77,11 @@ def model_config(c: ml_collections.ConfigDict) -> ModelConfig:
     m = c.model
     values = {k: m[k] for k in MODEL_DIM_KEYS}
     values["eos_token_ids"] = tuple(m.get("eos_token_ids", ()))
+    # what the architecture implies unless the config says otherwise (Qwen2: q/k/v biases;
+    # Qwen3: q/k norms), as a checkpoint's config.json would
+    bias, norm = ARCHITECTURES.get(m.architecture, (False, False))
+    values["qkv_bias"] = bool(m.get("qkv_bias", bias))
+    values["qk_norm"] = bool(m.get("qk_norm", norm))
     try:
         return ModelConfig(**values)
     except ConfigError as e:
@@ -166,6 +174,15 @@ def validate_config(c: ml_collections.ConfigDict, num_devices: int | None = None
               else eng.kv_memory_gib)
     kv_per_device = kv_gib / (tp if cfg.num_kv_heads % tp == 0 else 1)
     hbm = float(mesh.hbm_gib_per_device)
+    chip = mesh.get("chip", "")
+    if chip:
+        try:
+            spec = get_accelerator(chip)
+        except ConfigError as e:
+            raise ConfigError(f"config.mesh.chip: {e}") from None
+        if hbm * GIB > spec.hbm_bytes:
+            bad("mesh.hbm_gib_per_device", hbm,
+                f"at most the {spec.hbm_bytes / GIB:.0f} GiB of HBM of mesh.chip={chip!r}")
     need = per_device / 2**30 + kv_per_device
     if hbm > 0 and need > hbm:
         bad("engine.kv_memory_gib" if kv_per_device > 0 else "mesh.tp",

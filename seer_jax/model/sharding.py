@@ -1,7 +1,9 @@
 """Logical-axis sharding rules: map parameter logical axes onto a mesh with a `tp` axis.
 
-Heads and FFN are split over `tp` (Megatron-style column/row parallel); anything whose size does
-not divide the mesh axis stays replicated on that dimension. Works on any (sub-)mesh.
+Heads and FFN are split over `tp` (Megatron-style column/row parallel), and so are the embedding
+and LM head along the vocabulary (a large share of a 7B model's weights, and its largest matmul per
+decoded token); anything whose size does not divide the mesh axis stays replicated on that
+dimension. Works on any (sub-)mesh.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ class ShardingRules:
     q_heads: str | None = "tp"
     kv_heads: str | None = "tp"
     mlp: str | None = "tp"
-    vocab: str | None = None
+    vocab: str | None = "tp"
     embed: str | None = None
     layers: str | None = None
     norm: str | None = None

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import pathlib
 import subprocess
 import sys
 
@@ -56,6 +58,19 @@ def test_prompt_longer_than_context(tmp_path, capsys):
     # within context it works and emits JSON
     assert main(["generate", "--model", str(tmp_path / "m"), "--prompt-ids", "5,6,7",
                  "--max-tokens", "4", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert len(out["token_ids"]) == 4 and out["run"]["commit"] and "jax" in out["run"]["packages"]
+
+
+def test_check_deploy_json_carries_the_layout_and_the_run(capsys):
+    config = pathlib.Path(__file__).resolve().parents[2] / "configs" / "tpu_v5p64_qwen25_7b.py"
+    assert main(["check-deploy", str(config), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["summary"] == {"config": "tpu_v5p64_qwen25_7b", "valid": True, "compiled": False,
+                              "fits": None, "max_peak_gib": 0.0}
+    assert out["layout"]["tp"] == 4 and out["run"]["command"]
+    assert main(["check-deploy", str(config), "--config.mesh.chip=v9"]) == 2
+    assert "unknown accelerator 'v9'" in capsys.readouterr().err
 
 
 @pytest.mark.slow
@@ -70,6 +85,7 @@ def test_bench_profile_writes_a_loadable_step_profile(tmp_path):
     out = tmp_path / "profile.json"
     assert main(["bench", "--profile", "--model", str(tmp_path / "m"), "--batch-sizes", "1,4",
                  "--gammas", "0,2", "--context", "20", "--iters", "1", "--json", str(out)]) == 0
+    assert "commit" in json.loads(out.read_text())["run"]
     profile = StepProfile.load(out)
     assert len(profile.points) == 4
     assert {(p.batch_size, p.gamma) for p in profile.points} == {(1, 0), (1, 2), (4, 0), (4, 2)}

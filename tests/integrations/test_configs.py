@@ -1,5 +1,6 @@
 """Deployment configs: every top-level configs/*.py loads and validates without devices."""
 
+import dataclasses
 import pathlib
 
 import pytest
@@ -46,10 +47,34 @@ def test_weight_bytes_follow_the_sharding_rules():
     cfg = model_config(c)
     full = weight_bytes_per_device(cfg, 1)
     assert full == cfg.num_params() * 2  # bf16, nothing split
-    # at tp4 everything but embeddings and norms is split 4 ways
-    replicated = 2 * (2 * cfg.vocab_size * cfg.hidden_size + cfg.hidden_size
-                      + 2 * cfg.num_layers * cfg.hidden_size)
+    # at tp4 everything but the norms is split 4 ways (embedding and LM head along the vocabulary)
+    replicated = 2 * (cfg.hidden_size + 2 * cfg.num_layers * cfg.hidden_size)
     assert weight_bytes_per_device(cfg, 4) == replicated + (full - replicated) // 4
+    # a vocabulary that does not divide tp stays replicated
+    odd = dataclasses.replace(cfg, vocab_size=cfg.vocab_size + 1)
+    assert weight_bytes_per_device(odd, 4) - weight_bytes_per_device(cfg, 4) == (
+        2 * 2 * (cfg.vocab_size + 1) * cfg.hidden_size - 2 * 2 * cfg.vocab_size * cfg.hidden_size // 4)
+
+
+def test_configs_describe_the_real_model():
+    """Qwen2.5 has q/k/v biases (its config.json says so through the architecture); a tied
+    model has no LM head of its own."""
+    qwen = model_config(load_config_file(CONFIG_DIR / "tpu_v5p64_qwen25_7b.py"))
+    llama = model_config(load_config_file(CONFIG_DIR / "tpu_v6e32_llama3_8b.py"))
+    assert qwen.qkv_bias and not qwen.qk_norm and not llama.qkv_bias
+    tied = load_config_file(CONFIG_DIR / "demo.py", ["--config.model.tie_word_embeddings=True"])
+    untied = load_config_file(CONFIG_DIR / "demo.py")
+    cfg = model_config(untied)
+    assert (weight_bytes_per_device(cfg, 1) - weight_bytes_per_device(model_config(tied), 1)
+            == cfg.vocab_size * cfg.hidden_size * 4)
+
+
+def test_chip_names_a_known_accelerator_and_bounds_the_hbm_budget():
+    path = CONFIG_DIR / "tpu_v6e32_llama3_8b.py"
+    with pytest.raises(ConfigError, match=r"config\.mesh\.chip: unknown accelerator 'v7x'; known"):
+        validate_config(load_config_file(path, ["--config.mesh.chip=v7x"]))
+    with pytest.raises(ConfigError, match=r"hbm_gib_per_device=40\.0 .*32 GiB of HBM of mesh.chip='v6e'"):
+        validate_config(load_config_file(path, ["--config.mesh.hbm_gib_per_device=40.0"]))
 
 
 @pytest.mark.parametrize("override, key", [

@@ -59,6 +59,9 @@ def test_tp_sharded_logits_equal_unsharded(tp):
     assert len(wq.addressable_shards) == tp
     assert wq.addressable_shards[0].data.shape == (cfg.num_layers, cfg.hidden_size, cfg.q_size // tp)
     assert sharded["layers"]["w_down"].addressable_shards[0].data.shape[1] == cfg.intermediate_size // tp
+    # embedding and LM head along the vocabulary
+    assert sharded["embed"].sharding.spec == jax.sharding.PartitionSpec("tp", None)
+    assert sharded["lm_head"].addressable_shards[0].data.shape == (cfg.hidden_size, cfg.vocab_size // tp)
     out = np.asarray(full_forward(sharded, cfg, toks))
     np.testing.assert_allclose(out, ref, atol=1e-5, rtol=0)
 

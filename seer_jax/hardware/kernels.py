@@ -1,0 +1,111 @@
+"""Compile the Pallas kernels (KV write; ragged paged attention over decode, mixed and tree
+batches) for a target chip, one shard's shapes, with abstract inputs (nothing is allocated).
+
+The kernels are called the way the engine calls them: on the whole [num_layers, kv_heads, pages,
+page_size, head_dim] cache with a traced layer index, the cache donated.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from seer_jax.errors import ConfigError
+from seer_jax.hardware.targets import devices, get_target
+from seer_jax.pallas import ragged_paged_attention, write_kv
+
+KERNELS = ("write", "decode", "mixed", "tree")
+DTYPES = {"bfloat16": jnp.bfloat16, "float32": jnp.float32}
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelCase:
+    """One kernel compile: shapes are one shard's (heads per device).
+
+    write: `num_tokens` new tokens; decode: `max_seqs` sequences of one query token; mixed:
+    `num_tokens` query tokens over `max_seqs` sequences (prefill chunks next to decodes); tree:
+    `max_seqs` draft trees of `tree_size` tokens each."""
+
+    kernel: str
+    q_heads: int
+    kv_heads: int
+    head_dim: int
+    dtype: str
+    page_size: int
+    num_layers: int = 2
+    num_pages: int = 256
+    max_seqs: int = 8
+    pages_per_seq: int = 16
+    num_tokens: int = 64
+    tree_size: int = 4
+
+    def __post_init__(self) -> None:
+        if self.kernel not in KERNELS:
+            raise ConfigError(f"kernel={self.kernel!r}; allowed: {', '.join(KERNELS)}")
+        if self.dtype not in DTYPES:
+            raise ConfigError(f"dtype={self.dtype!r}; allowed: {', '.join(DTYPES)}")
+        if self.q_heads % self.kv_heads:
+            raise ConfigError(f"q_heads={self.q_heads} is not a multiple of "
+                              f"kv_heads={self.kv_heads}")
+
+    @property
+    def label(self) -> str:
+        return (f"{self.kernel}-g{self.q_heads // self.kv_heads}-kv{self.kv_heads}"
+                f"-d{self.head_dim}-{self.dtype}-s{self.page_size}")
+
+
+def _abstract(shape, dtype, sharding):
+    return jax.ShapeDtypeStruct(tuple(shape), dtype, sharding=sharding)
+
+
+def lower_kernel(case: KernelCase, target_name: str):
+    """The lowered (not yet compiled) kernel call of `case` on one device of the target."""
+    target = get_target(target_name)
+    dev = devices(target.name, 1)[0]
+    sh = jax.sharding.SingleDeviceSharding(dev)
+    dt = DTYPES[case.dtype]
+    impl = target.platform
+    pool = _abstract((case.num_layers, case.kv_heads, case.num_pages, case.page_size,
+                      case.head_dim), dt, sh)
+    layer = _abstract((), jnp.int32, sh)
+    i32 = lambda *shape: _abstract(shape, jnp.int32, sh)
+    if case.kernel == "write":
+        new = _abstract((case.num_tokens, case.kv_heads, case.head_dim), dt, sh)
+
+        @functools.partial(jax.jit, donate_argnums=(0, 1))
+        def write(k_all, v_all, k, v, slots, layer):
+            return write_kv(k_all, v_all, k, v, slots, impl=impl, layer=layer)
+
+        return write.lower(pool, pool, new, new, i32(case.num_tokens), layer)
+    num_tokens = {"decode": case.max_seqs, "mixed": case.num_tokens,
+                  "tree": case.max_seqs * case.tree_size}[case.kernel]
+    q = _abstract((num_tokens, case.q_heads, case.head_dim), dt, sh)
+    with_tree = case.kernel == "tree"
+
+    @jax.jit
+    def attend(q, k_all, v_all, kv_lens, pages, cu, num, layer, parents):
+        return ragged_paged_attention(q, k_all, v_all, kv_lens, pages, cu, num, impl=impl,
+                                      layer=layer, tree_parents=parents if with_tree else None)
+
+    return attend.lower(q, pool, pool, i32(case.max_seqs),
+                        i32(case.max_seqs, case.pages_per_seq), i32(case.max_seqs + 1), i32(),
+                        layer, i32(num_tokens))
+
+
+def compile_kernel(case: KernelCase, target_name: str):
+    """Compile `case` for the target with the target's own compiler (Mosaic for TPU, Triton and
+    ptxas for GPU); raises what the compiler raises. Lowered at JAX's default matmul precision,
+    the engine's (a process-wide "highest" makes Mosaic refuse bfloat16 matmuls)."""
+    with jax.default_matmul_precision("default"):
+        return lower_kernel(case, target_name).compile()
+
+
+def model_case(kernel: str, *, num_heads: int, num_kv_heads: int, head_dim: int, tp: int,
+                dtype: str, page_size: int) -> KernelCase:
+    """The case of a model served at tensor parallelism `tp` (one shard's heads; fewer KV heads
+    than tp are repeated, one per shard, as the engine's cache holds them)."""
+    kv = max(1, num_kv_heads // tp)
+    return KernelCase(kernel, num_heads // tp, kv, head_dim, dtype, page_size)

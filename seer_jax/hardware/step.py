@@ -1,0 +1,155 @@
+"""Compile the engine's own jitted step (`model_runner.step_function`) for a mesh slice of a
+target chip, with abstract parameters, cache and batch (`jax.ShapeDtypeStruct` carrying their
+shardings; no weights, nothing allocated).
+
+Step kinds, each the largest of its kind the engine builds for the given limits:
+  decode   max_num_seqs sequences of one token
+  mixed    max_num_seqs decodes plus max_prefill_seqs prefill chunks over
+           max_num_batched_tokens token slots
+  verify   max_num_seqs draft trees of `tree_size` tokens (the pending token and its draft nodes)
+           plus the prefill region of `mixed`
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from seer_jax.engine.attention_backend import make_plan
+from seer_jax.engine.batch import DraftTree, Region, StepBatch
+from seer_jax.engine.model_runner import (
+    Layout,
+    bucket,
+    cache_shape,
+    cache_sharding,
+    step_function,
+)
+from seer_jax.errors import ConfigError
+from seer_jax.hardware.targets import devices, get_target
+from seer_jax.model.config import ModelConfig
+from seer_jax.model.llama import LOGICAL_AXES, jnp_dtype, nest_params, param_shapes
+from seer_jax.model.sharding import ShardingRules, partition_spec
+
+STEP_KINDS = ("decode", "mixed", "verify")
+
+
+@dataclasses.dataclass(frozen=True)
+class StepLimits:
+    """The engine settings that fix a step's shapes (EngineConfig's names)."""
+
+    page_size: int
+    num_pages: int  # per instance (the whole slice's cache)
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    max_prefill_seqs: int
+    max_model_len: int
+    tree_size: int = 8  # verify: tokens per draft tree (pending token + draft nodes)
+
+
+def step_layout(kind: str, lim: StepLimits) -> Layout:
+    if kind not in STEP_KINDS:
+        raise ConfigError(f"step kind={kind!r}; allowed: {', '.join(STEP_KINDS)}")
+    pps = -(-lim.max_model_len // lim.page_size)
+    pre = kind != "decode"
+    return Layout(n_dec=lim.max_num_seqs, q_dec=lim.tree_size if kind == "verify" else 1,
+                  n_pre=lim.max_prefill_seqs if pre else 0,
+                  t_pre=bucket(lim.max_num_batched_tokens, 16, lim.max_num_batched_tokens)
+                  if pre else 0, pps=pps)
+
+
+def example_batch(layout: Layout, verify: bool) -> StepBatch:
+    """A StepBatch of zeros with the layout's shapes (only its arrays' shapes and dtypes
+    matter)."""
+    n, r = layout.num_tokens, layout.num_rows
+    i32 = lambda *s: np.zeros(s, np.int32)
+
+    def region(slots):
+        return Region(i32(slots + 1), i32(slots), i32(slots, layout.pps), 0)
+
+    q = layout.q_dec
+    draft = None
+    if verify:
+        draft = DraftTree(i32(layout.n_dec * q), i32(layout.n_dec, q - 1),
+                          i32(layout.n_dec, q - 1), i32(layout.n_dec))
+    return StepBatch(layout, i32(n), i32(n), i32(n), i32(r), np.zeros(r, np.float32),
+                     np.ones(r, np.float32), i32(r), np.zeros(r, np.uint32), i32(r),
+                     region(layout.n_dec) if layout.n_dec else None,
+                     region(layout.n_pre) if layout.n_pre else None, draft)
+
+
+def abstract_params(cfg: ModelConfig, mesh: Mesh, rules: ShardingRules) -> dict:
+    dtype = jnp_dtype(cfg)
+    return nest_params({
+        name: jax.ShapeDtypeStruct(shape, dtype, sharding=NamedSharding(
+            mesh, partition_spec(shape, LOGICAL_AXES[name], mesh, rules)))
+        for name, shape in param_shapes(cfg).items()})
+
+
+@dataclasses.dataclass(frozen=True)
+class CompiledStep:
+    """One compiled step and the compiler's per-device numbers (bytes)."""
+
+    kind: str
+    impl: str
+    target: str
+    tp: int
+    layout: Layout
+    argument_bytes: int
+    output_bytes: int
+    alias_bytes: int
+    temp_bytes: int
+    code_bytes: int
+    kv_bytes: int  # the K and V caches on one device
+    compiled: object = dataclasses.field(repr=False, compare=False)
+
+    @property
+    def peak_bytes(self) -> int:
+        """Per-device bytes the step needs live: its arguments (weights, cache, batch), outputs
+        not aliased onto donated arguments, temporaries and code."""
+        return (self.argument_bytes + self.output_bytes - self.alias_bytes + self.temp_bytes
+                + self.code_bytes)
+
+
+def slice_mesh(target: str, tp: int) -> Mesh:
+    return Mesh(np.array(devices(target, tp)), ("tp",))
+
+
+def lower_step(cfg: ModelConfig, target: str, tp: int, lim: StepLimits, kind: str, *,
+               impl: str = "auto", rules: ShardingRules = ShardingRules()):
+    """The engine step of `kind` on a tp-device slice of `target`, lowered (not compiled);
+    with the attention plan, layout and the abstract cache."""
+    get_target(target)
+    mesh = slice_mesh(target, tp)
+    plan = make_plan(cfg, impl, mesh)
+    layout = step_layout(kind, lim)
+    shape = cache_shape(cfg, plan, lim.num_pages, lim.page_size)
+    cache = jax.ShapeDtypeStruct(shape, jnp_dtype(cfg), sharding=cache_sharding(mesh, shape))
+    replicated = NamedSharding(mesh, PartitionSpec())
+    batch = {k: jax.ShapeDtypeStruct(np.shape(v), np.asarray(v).dtype, sharding=replicated)
+             for k, v in example_batch(layout, kind == "verify").arrays().items()}
+    params = abstract_params(cfg, mesh, rules)
+    static = dict(cfg=cfg, layout=layout, plan=plan)
+    if kind != "verify":
+        static["num_top"] = 0
+    fn = step_function("verify" if kind == "verify" else "sample")
+    return fn.lower(params, cache, cache, batch, **static), plan, layout, cache
+
+
+def compile_step(cfg: ModelConfig, target: str, tp: int, lim: StepLimits, kind: str, *,
+                 impl: str = "auto", rules: ShardingRules = ShardingRules()) -> CompiledStep:
+    """Compile the step with the target's compiler; its memory_analysis() per device."""
+    with jax.default_matmul_precision("default"):  # the engine's (see kernels.compile_kernel)
+        lowered, plan, layout, cache = lower_step(cfg, target, tp, lim, kind, impl=impl,
+                                                  rules=rules)
+        compiled = lowered.compile()
+    m = compiled.memory_analysis()
+    kv = 2 * math.prod(cache.sharding.shard_shape(cache.shape)) * cache.dtype.itemsize
+    return CompiledStep(kind, plan.impl, target, tp, layout, int(m.argument_size_in_bytes),
+                        int(m.output_size_in_bytes), int(m.alias_size_in_bytes),
+                        int(m.temp_size_in_bytes), int(m.generated_code_size_in_bytes), kv,
+                        compiled)
+
