@@ -4,8 +4,8 @@ two hosts.
 405B parameters in bf16 (~756 GiB) do not fit one 8x80 GB host, so a slice is 16 GPUs on two
 hosts: one Ray actor per host (8 GPUs each) and the two actors of a slice joined under
 jax.distributed, tensor parallelism crossing the hosts' network. 128 query heads and 8 KV heads
-split over tp16 (each KV head held by two devices). Per device: ~55 GiB of weights (embeddings
-replicated) + at most the slice's 16 GiB of KV (what validate_config counts, since 8 KV heads
+split over tp16 (each KV head held by two devices). Per device: ~47 GiB of weights (all
+split 16 ways but the norms) + at most the slice's 16 GiB of KV (what validate_config counts, since 8 KV heads
 do not split 16 ways), of 74 GiB usable HBM.
 """
 

@@ -1,6 +1,6 @@
 """One 8xH200 host: Qwen2.5-7B-Instruct (bf16) as 4 instances x tp2.
 
-Per device: ~8.1 GiB of weights (embeddings are replicated) + 80 GiB of KV (engine.kv_memory_gib
+Per device: ~7.1 GiB of weights (embedding and LM head split too) + 80 GiB of KV (engine.kv_memory_gib
 is per instance, split over its tp devices), of 131 GiB HBM.
 The rest is left to the trainer when it is colocated.
 """

@@ -2,7 +2,8 @@
 
 v5p-64 counts TensorCores: 32 chips, and JAX sees one device per chip (megacore), so the rollout
 mesh has 32 devices. tp4 because Qwen2.5-7B has 28 query heads (tp8 does not divide them) and 4 KV
-heads (one per device at tp4). Per device: ~5.1 GiB of weights + 60 GiB of KV, of 95 GB HBM.
+heads (one per device at tp4). Per device: ~3.6 GiB of weights (the embedding and LM head split over tp too) + 60 GiB of KV,
+of 95 GiB HBM.
 """
 
 from seer_jax.integrations.deploy_config import default_config

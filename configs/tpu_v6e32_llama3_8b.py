@@ -1,6 +1,6 @@
 """TPU v6e-32 (Trillium, 32 chips of 32 GB): Llama-3-8B-Instruct (bf16) as 8 instances x tp4.
 
-32 query / 8 KV heads split 4 ways; per device ~5.2 GiB of weights + 20 GiB of KV, of 29.8 GiB.
+32 query / 8 KV heads split 4 ways; per device ~3.7 GiB of weights + 20 GiB of KV, of 29.8 GiB.
 """
 
 from seer_jax.integrations.deploy_config import default_config

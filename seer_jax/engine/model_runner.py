@@ -130,14 +130,14 @@ def _paged_attention(cache, meta, layer, q, k, v, *, layout: Layout, plan: Atten
     return out, (k_all, v_all)
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "layout", "plan", "num_top"),
+@functools.partial(jax.jit, static_argnames=("cfg", "layout", "plan", "num_top", "unroll"),
                    donate_argnames=("k_all", "v_all"))
-def _sample_step(params, k_all, v_all, batch, *, cfg, layout, plan, num_top):
+def _sample_step(params, k_all, v_all, batch, *, cfg, layout, plan, num_top, unroll=1):
     TRACE_COUNTS["step"] += 1
     attention = functools.partial(_paged_attention, layout=layout, plan=plan)
     logits, (k_all, v_all) = forward(params, cfg, batch["tokens"], batch["positions"],
                                      (k_all, v_all), batch, attention,
-                                     logits_index=batch["logits_index"])
+                                     logits_index=batch["logits_index"], unroll=unroll)
     keys = request_keys(batch["seeds"], batch["gen_index"])
     toks, lps = sample_tokens(logits, keys, batch["temperature"], batch["top_p"], batch["top_k"])
     top = None
@@ -146,9 +146,9 @@ def _sample_step(params, k_all, v_all, batch, *, cfg, layout, plan, num_top):
     return k_all, v_all, toks, lps, top
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "layout", "plan"),
+@functools.partial(jax.jit, static_argnames=("cfg", "layout", "plan", "unroll"),
                    donate_argnames=("k_all", "v_all"))
-def _verify_step(params, k_all, v_all, batch, *, cfg, layout, plan):
+def _verify_step(params, k_all, v_all, batch, *, cfg, layout, plan, unroll=1):
     """Speculative step: the decode region holds [last token, draft nodes...] per sequence (a
     token tree via dec_parents); every decode-region token gets logits, and the draft tree is
     accepted or rejected losslessly. Prefill rows are sampled as usual."""
@@ -156,7 +156,7 @@ def _verify_step(params, k_all, v_all, batch, *, cfg, layout, plan):
     attention = functools.partial(_paged_attention, layout=layout, plan=plan)
     logits, (k_all, v_all) = forward(params, cfg, batch["tokens"], batch["positions"],
                                      (k_all, v_all), batch, attention,
-                                     logits_index=batch["logits_index"])
+                                     logits_index=batch["logits_index"], unroll=unroll)
     nd, q = layout.n_dec, layout.q_dec
     keys = request_keys(batch["seeds"], batch["gen_index"])
     temp, top_p, top_k = batch["temperature"], batch["top_p"], batch["top_k"]

@@ -55,6 +55,7 @@ def step_layout(kind: str, lim: StepLimits) -> Layout:
         raise ConfigError(f"step kind={kind!r}; allowed: {', '.join(STEP_KINDS)}")
     pps = -(-lim.max_model_len // lim.page_size)
     pre = kind != "decode"
+    # max_num_seqs=0: a prefill-only step
     return Layout(n_dec=lim.max_num_seqs, q_dec=lim.tree_size if kind == "verify" else 1,
                   n_pre=lim.max_prefill_seqs if pre else 0,
                   t_pre=bucket(lim.max_num_batched_tokens, 16, lim.max_num_batched_tokens)
@@ -119,7 +120,8 @@ def slice_mesh(target: str, tp: int) -> Mesh:
 
 
 def lower_step(cfg: ModelConfig, target: str, tp: int, lim: StepLimits, kind: str, *,
-               impl: str = "auto", rules: ShardingRules = ShardingRules()):
+               impl: str = "auto", rules: ShardingRules = ShardingRules(),
+               unroll: int | bool = 1):
     """The engine step of `kind` on a tp-device slice of `target`, lowered (not compiled);
     with the attention plan, layout and the abstract cache."""
     get_target(target)
@@ -132,7 +134,7 @@ def lower_step(cfg: ModelConfig, target: str, tp: int, lim: StepLimits, kind: st
     batch = {k: jax.ShapeDtypeStruct(np.shape(v), np.asarray(v).dtype, sharding=replicated)
              for k, v in example_batch(layout, kind == "verify").arrays().items()}
     params = abstract_params(cfg, mesh, rules)
-    static = dict(cfg=cfg, layout=layout, plan=plan)
+    static = dict(cfg=cfg, layout=layout, plan=plan, unroll=unroll)
     if kind != "verify":
         static["num_top"] = 0
     fn = step_function("verify" if kind == "verify" else "sample")
@@ -140,11 +142,13 @@ def lower_step(cfg: ModelConfig, target: str, tp: int, lim: StepLimits, kind: st
 
 
 def compile_step(cfg: ModelConfig, target: str, tp: int, lim: StepLimits, kind: str, *,
-                 impl: str = "auto", rules: ShardingRules = ShardingRules()) -> CompiledStep:
-    """Compile the step with the target's compiler; its memory_analysis() per device."""
+                 impl: str = "auto", rules: ShardingRules = ShardingRules(),
+                 unroll: int | bool = 1) -> CompiledStep:
+    """Compile the step with the target's compiler; its memory_analysis() per device.
+    `unroll=True` unrolls the layer scan (for cost analyses, which count a loop body once)."""
     with jax.default_matmul_precision("default"):  # the engine's (see kernels.compile_kernel)
         lowered, plan, layout, cache = lower_step(cfg, target, tp, lim, kind, impl=impl,
-                                                  rules=rules)
+                                                  rules=rules, unroll=unroll)
         compiled = lowered.compile()
     m = compiled.memory_analysis()
     kv = 2 * math.prod(cache.sharding.shard_shape(cache.shape)) * cache.dtype.itemsize
@@ -153,3 +157,22 @@ def compile_step(cfg: ModelConfig, target: str, tp: int, lim: StepLimits, kind: 
                         int(m.temp_size_in_bytes), int(m.generated_code_size_in_bytes), kv,
                         compiled)
 
+
+
+def step_cost(step: CompiledStep) -> dict[str, float]:
+    """The compiler's flops and bytes accessed of a compiled step, per device. TPU: the
+    executable's cost_analysis(); GPU (whose deviceless executables report none): XLA's
+    HloCostAnalysis over the optimized GPU module. Pallas calls count only with a
+    `pl.CostEstimate`; a loop body counts once (compile with unroll=True)."""
+    if get_target(step.target).platform == "tpu":
+        cost = step.compiled.cost_analysis()
+    else:
+        from jax._src import xla_bridge
+        from jax._src.lib import xla_client
+
+        (module,) = step.compiled.runtime_executable().hlo_modules()
+        cost = xla_client._xla.hlo_module_cost_analysis(xla_bridge.get_backend("cpu"), module)
+    if isinstance(cost, list | tuple):
+        cost = cost[0]
+    return {"flops": float(cost.get("flops", 0.0)),
+            "bytes_accessed": float(cost.get("bytes accessed", 0.0))}

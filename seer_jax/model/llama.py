@@ -191,9 +191,12 @@ def forward(
     attn_meta: Any,
     attention: AttentionFn,
     logits_index: jax.Array | None = None,
+    unroll: int | bool = 1,
 ) -> tuple[jax.Array, Any]:
     """One forward pass over N flat tokens.
 
+    `unroll`: the layer scan's unroll (True: no loop; compiled cost analyses count a loop body
+    once, an unrolled stack per layer).
     Returns (logits [N or len(logits_index), vocab] float32, updated cache).
     """
     dtype = jnp_dtype(cfg)
@@ -222,7 +225,8 @@ def forward(
         x = x + (jax.nn.silu(h @ lp["w_gate"]) * (h @ lp["w_up"])) @ lp["w_down"]
         return (x, cache), None
 
-    (x, cache), _ = jax.lax.scan(layer, (x, cache), (params["layers"], jnp.arange(cfg.num_layers)))
+    (x, cache), _ = jax.lax.scan(layer, (x, cache), (params["layers"], jnp.arange(cfg.num_layers)),
+                                 unroll=unroll)
     if logits_index is not None:
         x = x[logits_index]
     x = rms_norm(x, params["final_norm"], cfg.rms_norm_eps)

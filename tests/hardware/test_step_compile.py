@@ -22,6 +22,12 @@ TPU_BF16_WRITE = pytest.mark.xfail(
 V6E_REFERENCE_OOM = pytest.mark.xfail(
     strict=True, raises=ConfigError, reason="the reference scatter write transposes the whole "
     "cache inside the layer loop at 2 KV heads per device: out of v6e HBM")
+# the jnp reference attention materializes the prefill region's scores over the whole page table
+# (max_num_batched_tokens x max_model_len per head): v5p Qwen2.5-7B 125.7 GB of temporaries,
+# H200 Qwen2.5-7B 119 GiB, 405B on H100 19 GiB
+REFERENCE_PREFILL_OOM = pytest.mark.xfail(
+    strict=True, raises=ConfigError, reason="impl=reference: the prefill region's attention "
+    "scores over the whole page table exceed HBM at the config's batch limits")
 
 
 def _cases():
@@ -34,6 +40,8 @@ def _cases():
                     marks.append(TPU_BF16_WRITE)
                 if name == "tpu_v6e32_llama3_8b" and impl == "reference":
                     marks.append(V6E_REFERENCE_OOM)
+                elif impl == "reference" and kind != "decode":
+                    marks.append(REFERENCE_PREFILL_OOM)
                 out.append(pytest.param(name, impl, kind, id=f"{name}-{impl}-{kind}",
                                         marks=marks))
     return out
@@ -56,7 +64,7 @@ def test_a_step_that_does_not_fit_names_config_bytes_and_chip():
     c = load_config_file(CONFIGS / "gpu_8xh200.py")
     require_compiler("h200")
     c.mesh.hbm_gib_per_device = 87.2  # per device: 7.09 GiB of weights + 80 GiB of KV
-    with pytest.raises(ConfigError, match=r"config 'gpu_8xh200': the decode step .* needs "
+    with pytest.raises(ConfigError, match=r"config 'gpu_8xh200_qwen25_7b': the decode step .* needs "
                        r"[\d.]+ GiB per device per the compiler .* more than the 87\.20 GiB of "
                        r"HBM per h200 device"):
         compile_config(c, "auto", ("decode",))

@@ -1,0 +1,144 @@
+"""The cost model against the compiler: costs.py's roofline next to the compiled engine step's
+own flops and bytes accessed, on TPU v5p and H100 (compiled on this host, no device needed).
+
+Part 1, roofline vs compiler: decode at batch 1/32/256 x context 1K/8K/32K and one prefill
+chunk, one chip, Llama-3-8B and Qwen2.5-7B shapes. Roofline time = max(bytes / HBM bandwidth,
+flops / peak) for both (no derating, no overheads): costs.RooflineCostModel's step_bytes and
+step_flops against the compiler's. The step is compiled with 1 and 2 layers, unrolled, and
+extrapolated linearly to the model's depth (a compiled loop body counts once in
+cost_analysis; the cache's layer count changes no per-layer cost).
+
+Part 2, bytes accessed vs what a decode step must read: batch 128 at context 4K, Llama-3-8B and
+Qwen2.5-7B, v5p tp4 and H100 tp1/tp2: compiled bytes accessed per device (all layers) over
+weights + the batch's KV per device, and the full-depth step's temporaries over its KV cache.
+
+Pallas kernels count in cost_analysis only when they carry a pl.CostEstimate; `attention_counted`
+says whether the compiled bytes include the attention's KV reads.
+
+    /path/to/compiler-env/bin/python benchmarks/compiled_costs.py --json benchmarks/results/compiled_costs.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import pathlib
+import sys
+import time
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+
+from seer_jax.config_files import load_config_file  # noqa: E402
+from seer_jax.costs import RooflineCostModel  # noqa: E402
+from seer_jax.hardware.step import StepLimits, compile_step, step_cost  # noqa: E402
+from seer_jax.hardware.targets import get_target  # noqa: E402
+from seer_jax.integrations.deploy_config import model_config, weight_bytes_per_device  # noqa: E402
+from seer_jax.provenance import run_info  # noqa: E402
+
+CONFIGS = pathlib.Path(__file__).resolve().parents[1] / "configs"
+MODELS = {"llama-3-8b": "tpu_v6e32_llama3_8b.py", "qwen2.5-7b": "tpu_v5p64_qwen25_7b.py"}
+PAGE = 64
+
+
+def limits(batch: int, context: int, prefill: int = 0) -> StepLimits:
+    """A step of `batch` decodes at `context` tokens each, or (prefill > 0) one prefill chunk of
+    `prefill` tokens with nothing before it; the cache holds exactly the batch's pages."""
+    if prefill:
+        pages = -(-prefill // PAGE)
+        return StepLimits(PAGE, pages, 0, prefill, 1, prefill)
+    pages = -(-context // PAGE)
+    return StepLimits(PAGE, batch * pages, batch, 16, 1, context)
+
+
+def compiled_cost(cfg, target: str, tp: int, lim: StepLimits, kind: str, impl: str) -> dict:
+    """Flops and bytes accessed per device of the whole-depth step, from unrolled 1- and
+    2-layer compiles."""
+    c1, c2 = (step_cost(compile_step(dataclasses.replace(cfg, num_layers=n), target, tp, lim,
+                                     kind, impl=impl, unroll=True)) for n in (1, 2))
+    return {k: c1[k] + (cfg.num_layers - 1) * (c2[k] - c1[k]) for k in c1}
+
+
+def roofline_point(name, cfg, target, impl, batch, context, prefill=0) -> dict:
+    spec = get_target(target).spec
+    lim = limits(batch, context, prefill)
+    kind = "mixed" if prefill else "decode"
+    comp = compiled_cost(cfg, target, 1, lim, kind, impl)
+    roof = RooflineCostModel(cfg.cost_spec(name), spec)
+    tokens = prefill or batch
+    kv_read = prefill if prefill else batch * context  # KV tokens the step reads
+    model = {"flops": roof.step_flops(1 if prefill else batch, tokens, kv_read),
+             "bytes_accessed": roof.step_bytes(tokens, kv_read)}
+    t = lambda c: max(c["bytes_accessed"] / spec.hbm_bytes_per_s, c["flops"] / spec.peak_flops)
+    return {"model": name, "target": target, "impl": impl,
+            "step": f"prefill {prefill}" if prefill else f"decode b{batch} ctx{context}",
+            "costs_py": model, "compiled": comp, "costs_py_s": t(model), "compiled_s": t(comp),
+            "ratio_compiled_over_costs_py": t(comp) / t(model)}
+
+
+def bytes_point(name, cfg, target, tp, impl, batch=128, context=4096) -> dict:
+    lim = limits(batch, context)
+    comp = compiled_cost(cfg, target, tp, lim, "decode", impl)
+    full = compile_step(cfg, target, tp, lim, "decode", impl=impl)
+    weights = weight_bytes_per_device(cfg, tp)
+    kv_batch = full.kv_bytes  # the cache holds exactly the batch's pages (context % PAGE == 0)
+    must = weights + kv_batch
+    return {"model": name, "target": target, "tp": tp, "impl": impl, "batch": batch,
+            "context": context, "compiled_bytes_accessed": comp["bytes_accessed"],
+            "weights_bytes": weights, "kv_batch_bytes": kv_batch,
+            "bytes_ratio": comp["bytes_accessed"] / must, "temp_bytes": full.temp_bytes,
+            "kv_cache_bytes": full.kv_bytes, "temp_over_kv": full.temp_bytes / full.kv_bytes}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--impl", default="auto", help="engine attention impl (auto = kernels)")
+    ap.add_argument("--targets", default="v5p,h100")
+    ap.add_argument("--quick", action="store_true", help="one model, batch 32 x 8K only")
+    ap.add_argument("--json", default="", help="write the results here")
+    args = ap.parse_args()
+    t0 = time.perf_counter()
+    cfgs = {n: model_config(load_config_file(CONFIGS / f)) for n, f in MODELS.items()}
+    targets = args.targets.split(",")
+    grid = [(b, c) for b in (1, 32, 256) for c in (1024, 8192, 32768)]
+    if args.quick:
+        cfgs, grid = dict(list(cfgs.items())[:1]), [(32, 8192)]
+    rows, ratios = [], []
+    for name, cfg in cfgs.items():
+        for target in targets:
+            for b, c in grid:
+                rows.append(roofline_point(name, cfg, target, args.impl, b, c))
+                r = rows[-1]
+                print(f"{name:11s} {target:5s} {r['step']:24s} costs.py {r['costs_py_s'] * 1e3:8.3f} ms"
+                      f"  compiled {r['compiled_s'] * 1e3:8.3f} ms  x{r['ratio_compiled_over_costs_py']:.2f}",
+                      flush=True)
+            rows.append(roofline_point(name, cfg, target, args.impl, 1, 0, prefill=2048))
+            r = rows[-1]
+            print(f"{name:11s} {target:5s} {r['step']:24s} costs.py {r['costs_py_s'] * 1e3:8.3f} ms"
+                  f"  compiled {r['compiled_s'] * 1e3:8.3f} ms  x{r['ratio_compiled_over_costs_py']:.2f}",
+                  flush=True)
+        for target, tp in [("v5p", 4), ("h100", 1), ("h100", 2)]:
+            if target in targets and not args.quick:
+                ratios.append(bytes_point(name, cfg, target, tp, args.impl))
+                r = ratios[-1]
+                print(f"{name:11s} {target:5s} tp{tp} b128 ctx4K: bytes {r['bytes_ratio']:.2f}x "
+                      f"(weights + KV), temporaries {r['temp_over_kv']:.3f} of the KV cache",
+                      flush=True)
+    off = [r for r in rows if abs(r["ratio_compiled_over_costs_py"] - 1) > 0.25]
+    out = {"rows": rows, "bytes": ratios, "summary": {
+        "impl": args.impl, "points": len(rows), "over_25pct": len(off),
+        "ratio_range": [min(r["ratio_compiled_over_costs_py"] for r in rows),
+                        max(r["ratio_compiled_over_costs_py"] for r in rows)],
+        "bytes_ratio_max": max((r["bytes_ratio"] for r in ratios), default=None),
+        "temp_over_kv_max": max((r["temp_over_kv"] for r in ratios), default=None),
+        "seconds": time.perf_counter() - t0}, "run": run_info()}
+    if args.json:
+        pathlib.Path(args.json).write_text(json.dumps(out, indent=1))
+    print(json.dumps(out["summary"]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
