@@ -20,14 +20,8 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from seer_jax.engine.attention_backend import make_plan
-from seer_jax.engine.batch import DraftTree, Region, StepBatch
-from seer_jax.engine.model_runner import (
-    Layout,
-    bucket,
-    cache_shape,
-    cache_sharding,
-    step_function,
-)
+from seer_jax.engine.batch import DraftTree, Layout, Region, StepBatch, bucket
+from seer_jax.engine.model_runner import cache_shape, cache_sharding, step_function
 from seer_jax.errors import ConfigError
 from seer_jax.hardware.targets import devices, get_target
 from seer_jax.model.config import ModelConfig
