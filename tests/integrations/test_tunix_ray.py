@@ -100,3 +100,34 @@ def _at(tree, path):
     for k in path:
         tree = tree[k.key]
     return tree
+
+
+def test_grpo_step_on_ray_with_grouped_speculation(ray_backend):
+    """A GRPO step whose rollouts run on two Ray actors drafting from the distributed draft
+    service; after the weight sync the greedy tokens follow the new weights exactly (drafts
+    depend on tokens only: the sync clears nothing they need)."""
+    import dataclasses
+
+    from tests.integrations.tunix_tiny import grpo_cluster, grpo_step
+
+    actor = tunix_model("llama3")
+    engine = dataclasses.replace(ENGINE, speculation=True)
+    cluster = grpo_cluster(actor, (4, 2), engine, tp=1, backend="ray", ray_backend=ray_backend)
+    rollout = cluster.rollout
+    try:
+        grpo_step(cluster, PROMPTS, G)
+        assert cluster.actor_trainer.train_steps == 1 and rollout.policy_version == 1
+        assert rollout.group.last_backend == "ray"
+        stats = rollout.group.actors.draft_stats()["replicas"]
+        assert stats["pushes"] > 0 and stats["bytes_pushed"] > 0
+        rc = dataclasses.replace(cluster.cluster_config.rollout_config, temperature=0.0)
+        prompts = [p for p in PROMPTS for _ in range(G)]
+        out = rollout.generate(prompts, rc)
+        served = rollout.group.params(0)
+        ids = [[1] + [ord(c) for c in p] for p in PROMPTS]
+        want = generate(served, rollout.cfg, ids, 8, SamplingParams(temperature=0.0), eos_ids=(2,))
+        expect = [w.token_ids[:-1] if w.finish_reason == "eos" else w.token_ids for w in want]
+        assert [t.tolist() for t in out.tokens] == [e for e in expect for _ in range(G)]
+        assert all(r.policy_version == 1 for r in rollout.last_responses)
+    finally:
+        rollout.shutdown()
