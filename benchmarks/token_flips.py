@@ -42,7 +42,7 @@ def main(argv=None) -> int:
     from seer_jax.model.sampling import request_keys
     from seer_jax.provenance import run_info
     from seer_jax.rollout.api import build_prompts
-    from seer_jax.rollout.core.controller import request_seed
+    from seer_jax.rollout.core.controller_config import request_seed
 
     c = load_config_file(args.config, overrides)
     if c.temperature != 1.0 or c.top_p != 1.0 or c.top_k != 0:

@@ -21,7 +21,7 @@ from seer_jax.model.config import ARCHITECTURES, ModelConfig
 from seer_jax.model.llama import LOGICAL_AXES, param_shapes
 from seer_jax.model.sharding import ShardingRules
 from seer_jax.rollout.backends.ray_cluster import RayBackendConfig
-from seer_jax.rollout.core.controller import ControllerConfig
+from seer_jax.rollout.core.controller_config import ControllerConfig
 from seer_jax.rollout.core.policies import CATALOG, default_policy_options
 
 PLATFORMS = ("cpu", "gpu", "tpu")

@@ -30,7 +30,7 @@ from seer_jax.integrations.weight_sync import reshard_params
 from seer_jax.model.config import ModelConfig
 from seer_jax.model.llama import Params
 from seer_jax.model.sharding import ShardingRules
-from seer_jax.rollout.core.controller import request_seed
+from seer_jax.rollout.core.controller_config import request_seed
 from seer_jax.rollout.core.types import SamplingParams
 
 log = logging.getLogger(__name__)

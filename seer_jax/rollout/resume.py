@@ -19,9 +19,9 @@ import pathlib
 
 import ml_collections
 
-from seer_jax.rollout.core.controller import ResponseResult
 from seer_jax.rollout.core.journal import JournalError, JournalState, RequestRecord
 from seer_jax.rollout.core.report import report_from_json
+from seer_jax.rollout.core.results import ResponseResult
 from seer_jax.rollout.core.run import RolloutOutput
 
 # files up to this size are hashed whole; larger ones by their size, first and last HASH_EDGE

@@ -68,7 +68,7 @@ def default_config() -> ml_collections.ConfigDict:
     k.kv_capacity_tokens = 0  # >0 overrides the computed KV capacity (required with a profile)
 
     r = c.controller = ml_collections.ConfigDict()
-    # Passed to seer_jax.rollout.core.controller.ControllerConfig (same keys).
+    # Passed to seer_jax.rollout.core.controller_config.ControllerConfig (same keys).
     r.chunk_size = 8192
     r.balance_threshold = 32
     r.max_in_flight_per_instance = 0
@@ -172,7 +172,7 @@ def validate_config(cfg: ml_collections.ConfigDict, catalog: PolicyCatalog = CAT
             "(a step profile says nothing about memory)"
         )
 
-    from seer_jax.rollout.core.controller import ControllerConfig
+    from seer_jax.rollout.core.controller_config import ControllerConfig
 
     try:
         ControllerConfig.from_mapping(cfg.controller.to_dict())

@@ -43,15 +43,15 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Protocol
-
-import numpy as np
+from typing import Any
 
 from seer_jax.errors import ConfigError, InputError, SeerError
-from seer_jax.rollout.core.instance import Instance, InstanceLostError, KVPool  # noqa: F401
+from seer_jax.rollout.core.controller_config import ControllerConfig, request_seed
+from seer_jax.rollout.core.instance import Instance, InstanceLostError, KVPool
 from seer_jax.rollout.core.journal import RequestRecord, add_segment
 from seer_jax.rollout.core.placement import InstanceSlot, choose_instance, least_loaded_order
 from seer_jax.rollout.core.policies import POLICIES, GroupState, Policy, RequestState, make_policy
+from seer_jax.rollout.core.results import ControllerStats, JournalSink, ProgressFn, ResponseResult
 from seer_jax.rollout.core.types import (
     ChunkRequest,
     ChunkResult,
@@ -60,150 +60,8 @@ from seer_jax.rollout.core.types import (
     SamplingParams,
 )
 
-if TYPE_CHECKING:
-    pass
-
-
-@dataclasses.dataclass
-class ControllerConfig:
-    """Controller settings (plain values, so an ml_collections config maps onto it).
-
-    chunk_size: max new tokens per chunk (divided policies); >= 1.
-    balance_threshold: in-flight spread (max - min chunks across instances) above which placement
-        ignores affinity and picks the least-loaded instance (paper: 32); >= 0.
-    max_in_flight_per_instance: cap on chunks in flight per instance (divided policies). 0 = auto:
-        the instance's batch limit (`InstanceLoad.max_running`, e.g. max_num_seqs), so a chunk
-        waits in the controller's buffer, where the policy orders it, not in an instance's own
-        first-come queue; -1 = no cap (KV budget only).
-    dispatch_lookahead: how many buffered requests a dispatch round may skip over when the
-        policy's first choice fits nowhere right now; >= 1.
-    per_request_seeds: derive each request's sampling seed from (seed, group index, sample index)
-        so the G samples of a group differ and stay the same under every policy.
-    estimate_chunks: size a chunk by the policy's remaining-length estimate when it has one
-        (seer: its quantile of the remaining length):
-        max_new_tokens = min(chunk_size, remaining budget,
-                             max(min_chunk_size, ceil(estimate_margin x estimate))).
-        KV reservations then track what requests will really use (more concurrency, still no
-        preemption); a request that outlives its estimate simply gets another chunk.
-        Off by default: chunks are min(chunk_size, original_max_tokens - generated).
-
-    Policy-specific settings (seer's estimator, quantile and starvation guard) are the policy's
-    own options (`policy_options`), not the controller's.
-    """
-
-    chunk_size: int = 2048
-    balance_threshold: int = 32
-    max_in_flight_per_instance: int = 0
-    dispatch_lookahead: int = 8
-    per_request_seeds: bool = True
-    estimate_chunks: bool = False
-    estimate_margin: float = 1.25
-    min_chunk_size: int = 32
-
-    def validate(self) -> ControllerConfig:
-        checks = (
-            ("chunk_size", self.chunk_size, ">= 1", lambda v: v >= 1),
-            ("balance_threshold", self.balance_threshold, ">= 0", lambda v: v >= 0),
-            (
-                "max_in_flight_per_instance",
-                self.max_in_flight_per_instance,
-                ">= -1 (0 = the instance's batch limit, -1 = no cap)",
-                lambda v: v >= -1,
-            ),
-            ("dispatch_lookahead", self.dispatch_lookahead, ">= 1", lambda v: v >= 1),
-            ("min_chunk_size", self.min_chunk_size, ">= 1", lambda v: v >= 1),
-        )
-        for key, value, allowed, ok in checks:
-            if not isinstance(value, int) or isinstance(value, bool) or not ok(value):
-                raise ConfigError(f"{key}={value!r} is invalid; allowed: an integer {allowed}")
-        for key in ("per_request_seeds", "estimate_chunks"):
-            if not isinstance(getattr(self, key), bool):
-                raise ConfigError(f"{key}={getattr(self, key)!r} is invalid; allowed: True or False")
-        m = self.estimate_margin
-        if isinstance(m, bool) or not isinstance(m, (int, float)) or not m >= 1.0:
-            raise ConfigError(f"estimate_margin={m!r} is invalid; allowed: a number >= 1.0")
-        return self
-
-    @classmethod
-    def from_mapping(cls, values: Mapping[str, Any] | None) -> ControllerConfig:
-        """From a dict / ConfigDict; unknown keys are a ConfigError naming the known ones."""
-        values = dict(values or {})
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(values) - known)
-        if unknown:
-            raise ConfigError(f"unknown controller config key(s) {unknown}; allowed: {sorted(known)}")
-        return cls(**values).validate()
-
-
-@dataclasses.dataclass
-class ResponseResult:
-    """One response of the rollout. Times are on the driver's clock, seconds since the start."""
-
-    request_id: str
-    group_id: str
-    group_index: int
-    sample_index: int
-    prompt_ids: tuple[int, ...]
-    token_ids: list[int]
-    logprobs: list[float]
-    finish_reason: FinishReason
-    submitted_at: float
-    first_scheduled_at: float | None
-    first_token_at: float | None
-    finished_at: float
-    num_chunks: int
-    instances: list[int]  # instance of every chunk, in order (lost chunks included)
-    migrations: int
-    preemptions: int
-    reprefill_tokens: int
-    text: str | None = None
-    # [weight version, tokens] segments in token order: the policy weights each run of tokens
-    # was generated under (several versions when the request was carried over a weight sync)
-    weight_versions: list[list[int]] = dataclasses.field(default_factory=list)
-
-    @property
-    def latency_s(self) -> float:
-        return self.finished_at - self.submitted_at
-
-    @property
-    def num_tokens(self) -> int:
-        return len(self.token_ids)
-
-
-@dataclasses.dataclass
-class ControllerStats:
-    chunks: int = 0
-    migrations: int = 0
-    preemptions: int = 0
-    reprefill_tokens: int = 0
-    reprefill_chunks: int = 0  # chunks that recomputed their context (no KV in the pool)
-    kv_bytes_imported: int = 0
-    kv_bytes_exported: int = 0
-    spec_proposed: int = 0
-    spec_accepted: int = 0
-    lost_instances: list[int] = dataclasses.field(default_factory=list)
-    redispatched_chunks: int = 0
-    replacement_instances: list[int] = dataclasses.field(default_factory=list)
-    dispatch_rounds: int = 0
-
-
-def request_seed(seed: int, group_index: int, sample_index: int) -> int:
-    """The sampling seed of one request: a hash of (seed, group index, sample index)."""
-    return int(np.random.SeedSequence([seed, group_index, sample_index]).generate_state(1)[0] >> 1)
-
-
-ProgressFn = Callable[[int, int, int, float], None]  # (responses done, total, output tokens, now)
-
-
-class JournalSink(Protocol):
-    """Where the controller records progress as it happens (`journal.JournalWriter`)."""
-
-    def chunk_end(self, request_id: str, total: int, tokens: list[int], logprobs: list[float],
-                  version: int) -> None:
-        """A chunk ended unfinished: the request has `total` tokens, `tokens` the chunk's."""
-
-    def finished(self, rec: RequestRecord) -> None:
-        """A request finished (every token, its finish reason)."""
+__all__ = ["Controller", "ControllerConfig", "ControllerStats", "JournalSink", "ProgressFn",
+           "ResponseResult", "request_seed"]
 
 
 class Controller:

@@ -4,25 +4,17 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from seer_jax.errors import ConfigError, InputError
 from seer_jax.rollout.core.carry import CarryOver, combined_groups
 from seer_jax.rollout.core.concurrent_driver import ConcurrentDriver
-from seer_jax.rollout.core.controller import (
-    Controller,
-    ControllerConfig,
-    JournalSink,
-    ProgressFn,
-    ResponseResult,
-)
+from seer_jax.rollout.core.controller import Controller
 from seer_jax.rollout.core.driver import make_driver
-from seer_jax.rollout.core.instance import Instance, KVPool
 from seer_jax.rollout.core.journal import RequestRecord
-from seer_jax.rollout.core.policies import Policy
 from seer_jax.rollout.core.report import RolloutReport, build_report
-from seer_jax.rollout.core.types import SamplingParams
+from seer_jax.rollout.core.results import ResponseResult
 
 log = logging.getLogger(__name__)
 
@@ -36,73 +28,52 @@ class RolloutOutput:
 def rollout(
     groups: Sequence[Sequence[int]],
     *,
-    group_size: int,
-    max_tokens: int,
-    instances: Sequence[Instance],
-    sampling: SamplingParams | None = None,
-    policy: str | Policy = "seer",
-    config: ControllerConfig | Mapping[str, Any] | None = None,
-    pool: KVPool | None = None,
     clock: str = "emulated",
     wall_clock: Callable[[], float] | None = None,
-    group_ids: Sequence[str] | None = None,
-    progress: ProgressFn | None = None,
     detokenize: Callable[[list[int]], str] | None = None,
-    policy_options: Mapping[str, Any] | None = None,
     fault: Any = None,
     replacer: Any = None,
-    journal: JournalSink | None = None,
     restore: Sequence[RequestRecord] = (),
     carry: CarryOver | None = None,
-    target_groups: int | None = None,
-    weight_version: int = 0,
     configured_instances: int | None = None,
+    **controller_args: Any,
 ) -> RolloutOutput:
     """Run one synchronous rollout: every group's prompt sampled `group_size` times.
 
-    groups: prompt token ids, one sequence per group. instances: `Instance`s with ids 0..N-1
-    (they must share `pool` for KV moves between chunks). policy: a name in `POLICIES` or a
-    built `Policy`; policy_options: its own options (e.g. seer's estimator and quantile).
+    groups: prompt token ids, one sequence per group. controller_args: the `Controller`'s
+    keyword arguments: group_size, max_tokens, instances (`Instance`s with ids 0..N-1; they must
+    share `pool` for KV moves between chunks), sampling, policy (a name in `POLICIES` or a
+    built `Policy`), config, pool, group_ids, progress, policy_options (the policy's own
+    options, e.g. seer's estimator and quantile), journal (records every chunk end and finished
+    response as it happens, a `JournalWriter`), target_groups, weight_version (the version of
+    the weights the instances serve, recorded with every token: `ResponseResult.weight_versions`).
     clock: "emulated" (`EmulatedClusterDriver`, per-instance virtual clocks) or "wall"
     (`WallClockDriver`, `wall_clock` defaults to time.perf_counter) or "concurrent"
     (`ConcurrentDriver`: every instance steps at once; `fault`: a `FaultPlan` to inject;
     `replacer`: starts an instance for each lost one, e.g. the `RayInstanceGroup`).
-    journal: records every chunk end and finished response as it happens (a `JournalWriter`);
     restore: what a resumed journal holds (finished responses are returned as recorded,
     unfinished requests continue after their tokens by re-prefill).
     carry: partial rollout across calls (`seer_jax.rollout.core.carry`): the groups an earlier
     call left unfinished run too, and the call returns once `target_groups` groups (default:
-    all) are complete, carrying the rest to the next call. weight_version: the version of the
-    weights the instances serve, recorded with every token (`ResponseResult.weight_versions`).
+    all) are complete, carrying the rest to the next call.
     configured_instances: how many instances the deployment has when all are live; with fewer
     `instances` the report and the log say so.
     Returns every response (group order, then sample order) and the rollout report.
     """
+    target_groups = controller_args.get("target_groups")
     if carry is not None:
+        group_size = controller_args.get("group_size")
         sizes = sorted({len(g.records) for g in carry.groups} - {group_size})
         if sizes:
             raise InputError(f"group_size={group_size} but the carried groups have {sizes} "
                              "samples; a carry-over call keeps the group size of the calls before")
-        groups, group_ids = combined_groups(carry, groups, group_ids)
+        groups, controller_args["group_ids"] = combined_groups(
+            carry, groups, controller_args.get("group_ids"))
     elif target_groups is not None:
         raise ConfigError(f"target_groups={target_groups!r} without carry is invalid: the "
                           "unfinished groups would be lost; pass carry=CarryOver()")
-    ctl = Controller(
-        groups,
-        group_size=group_size,
-        max_tokens=max_tokens,
-        instances=instances,
-        sampling=sampling,
-        policy=policy,
-        config=config,
-        pool=pool,
-        group_ids=group_ids,
-        progress=progress,
-        policy_options=policy_options,
-        journal=journal,
-        target_groups=target_groups,
-        weight_version=weight_version,
-    )
+    ctl = Controller(groups, **controller_args)
+    instances, pool, weight_version = ctl.instances, ctl.pool, ctl.weight_version
     for rec in restore:
         ctl.restore(rec)
     if carry is not None:
