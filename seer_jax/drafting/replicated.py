@@ -15,9 +15,13 @@ in `rollout.backends.ray_draft_service`, plain objects in tests):
 - every `sync_every_steps` steps it asks each shard for the other instances' appends to its
   active groups (an asynchronous pull, issued after a step so it overlaps the next one);
 - before a step it applies the pulls that have arrived; one issued `max_stale_steps` or more
-  steps ago is waited for. So drafts miss at most the last `max_stale_steps + sync_every_steps
-  - 1` steps of the other instances' tokens. Verification is lossless: staleness costs
-  acceptance, never tokens.
+  steps ago is waited for. One pull per shard is in flight, so the bound on how many steps a
+  replica's drafts lack another instance's token is `SyncConfig.max_lag_steps`. Verification is
+  lossless: staleness costs acceptance, never tokens.
+
+Every message carries the rollout's epoch: a shard reset for the next rollout (`reset(epoch)`)
+drops pushes and answers no pulls of another epoch, so a push still in flight from the last
+rollout (group ids repeat across rollouts) cannot enter the new one's logs.
 
 A shard that fails (its link raises `ShardDownError`) is marked down: the replica goes on
 drafting from what it holds and stops sending to it. `replace_shard` installs a rebuilt one:
@@ -82,6 +86,18 @@ class SyncConfig:
             bad("pull_timeout_s", "allowed: > 0 seconds")
         return self
 
+    def max_lag_steps(self) -> int:
+        """The most steps a replica's drafts can lack a token another instance generated, with
+        instances stepping together and every pull as late as allowed. With k =
+        sync_every_steps and m = max_stale_steps: the token is pushed up to k - 1 steps after
+        its step; a pull issued in the same step as that push may miss it; pulls start at most
+        P = k * ceil((m + 1) / k) steps apart (one in flight per shard, the next at the first
+        sync step after the last was applied) and each is applied at most m steps after it was
+        issued. So P + m + k - 1: 3 with the defaults (k = m = 1). With pulls answered within a
+        step it is 2k - 1."""
+        k, m = self.sync_every_steps, self.max_stale_steps
+        return k * -(-(m + 1) // k) + m + k - 1
+
 
 class ShardDownError(SeerError):
     """A draft-service shard did not answer (dead, or past the pull timeout)."""
@@ -91,14 +107,21 @@ class DraftShard:
     """One shard of the draft service: the append log of its groups (see module docstring).
     Plain Python: `rollout.backends.ray_draft_service` runs it as a Ray actor."""
 
-    def __init__(self) -> None:
+    def __init__(self, epoch: int = 0) -> None:
         self._logs: dict[str, list[DraftAppend]] = {}
         self._have: dict[str, dict[str | None, int]] = {}
+        self.epoch = epoch  # the rollout this shard serves (`reset`)
         self.received = 0  # messages received
         self.bytes_received = 0
+        self.stale_dropped = 0  # messages of another epoch dropped
 
-    def append_batch(self, appends: Sequence[DraftAppend]) -> int:
-        """Apply appends (each token once, by position); returns how many tokens were new."""
+    def append_batch(self, appends: Sequence[DraftAppend], epoch: int = 0) -> int:
+        """Apply appends (each token once, by position); returns how many tokens were new.
+        Appends of another epoch than the shard's (a rollout before its last reset) are
+        dropped."""
+        if epoch != self.epoch:
+            self.stale_dropped += len(appends)
+            return 0
         self.received += len(appends)
         self.bytes_received += message_bytes(appends)
         new = 0
@@ -111,9 +134,13 @@ class DraftShard:
             new += len(cut.token_ids)
         return new
 
-    def sync(self, group_ids: Sequence[str], since: Mapping[str, int]) -> list[GroupUpdate]:
+    def sync(self, group_ids: Sequence[str], since: Mapping[str, int],
+             epoch: int = 0) -> list[GroupUpdate]:
         """The appends after `since[g]` of each group; a version beyond the log (a replica of
-        a shard this one replaced) gets the whole log."""
+        a shard this one replaced) gets the whole log. A replica of another epoch gets
+        nothing."""
+        if epoch != self.epoch:
+            return []
         out = []
         for gid in group_ids:
             log = self._logs.get(gid, [])
@@ -127,14 +154,17 @@ class DraftShard:
             self._logs.pop(gid, None)
             self._have.pop(gid, None)
 
-    def reset(self) -> None:
+    def reset(self, epoch: int | None = None) -> None:
+        """Empty the logs for the next rollout, `epoch` (default: the next one)."""
         self._logs.clear()
         self._have.clear()
+        self.epoch = self.epoch + 1 if epoch is None else epoch
 
     def stats(self) -> dict[str, int]:
         return {"groups": len(self._logs), "messages": sum(len(v) for v in self._logs.values()),
                 "tokens": sum(len(m.token_ids) for v in self._logs.values() for m in v),
-                "received": self.received, "bytes_received": self.bytes_received}
+                "received": self.received, "bytes_received": self.bytes_received,
+                "epoch": self.epoch, "stale_dropped": self.stale_dropped}
 
     def ping(self) -> bool:
         return True
@@ -161,10 +191,11 @@ def _novel(msg: DraftAppend, have: dict[str | None, int]) -> DraftAppend | None:
 class ShardLink(Protocol):
     """A replica's transport to one shard."""
 
-    def push(self, appends: list[DraftAppend]) -> None:
-        """Send appends (returns at once; a failure shows at the next `poll`)."""
+    def push(self, appends: list[DraftAppend], epoch: int) -> None:
+        """Send appends of rollout `epoch` (returns at once; a failure shows at the next
+        `poll`)."""
 
-    def pull(self, group_ids: list[str], since: dict[str, int]) -> Any:
+    def pull(self, group_ids: list[str], since: dict[str, int], epoch: int) -> Any:
         """Start a sync; returns a handle for `poll`."""
 
     def poll(self, handle: Any, wait: bool, timeout_s: float) -> list[GroupUpdate] | None:
@@ -193,13 +224,14 @@ class SyncedReplica:
     `Speculator`."""
 
     def __init__(self, links: Sequence[ShardLink], sync: SyncConfig | None = None,
-                 config: DraftConfig | None = None) -> None:
+                 config: DraftConfig | None = None, epoch: int = 0) -> None:
         self.sync_config = (sync or SyncConfig(shards=len(links))).validate()
         if len(links) != self.sync_config.shards:
             raise ConfigError(f"draft_service.shards={self.sync_config.shards} but "
                               f"{len(links)} shard links were given")
         self.config = (config or DraftConfig()).validate()
         self.links: list[ShardLink] = list(links)
+        self.epoch = epoch  # the rollout's epoch, carried by every push and pull
         self.down: set[int] = set()
         self._ctx: dict[str, GroupDraftContext] = {}
         self._tokens: dict[str, dict[str | None, list[int]]] = {}  # what the local contexts hold
@@ -304,7 +336,8 @@ class SyncedReplica:
                 if k in self.down or any(p[1] == k for p in self._pending):
                     continue  # one pull in flight per shard: the next one starts once it is in
                 since = {g: self._versions.get(g, 0) for g in gids}
-                self._pending.append((self.stats.steps, k, self.links[k].pull(gids, since),
+                self._pending.append((self.stats.steps, k,
+                                      self.links[k].pull(gids, since, self.epoch),
                                       time.perf_counter()))
                 self.stats.pulls += 1
         self.stats.sync_s += time.perf_counter() - t0
@@ -324,8 +357,11 @@ class SyncedReplica:
                      sorted(reqs.items(), key=lambda kv: kv[0] is not None) if toks]
         self._outbox[k] = msgs + self._outbox[k]
 
-    def clear(self) -> None:
-        """Forget every group (a new rollout; the shard links stay, the stats go on)."""
+    def clear(self, epoch: int | None = None) -> None:
+        """Forget every group (a new rollout, `epoch` when given; the shard links stay, the
+        stats go on)."""
+        if epoch is not None:
+            self.epoch = epoch
         for d in (self._ctx, self._tokens, self._pos, self._versions, self._active,
                   self._group_of):
             d.clear()
@@ -376,7 +412,7 @@ class SyncedReplica:
             self._outbox[k] = []
             if k in self.down:
                 continue  # re-sent from the local contexts when the shard is replaced
-            self.links[k].push(msgs)
+            self.links[k].push(msgs, self.epoch)
             self.stats.pushes += 1
             self.stats.bytes_pushed += message_bytes(msgs)
 
@@ -397,12 +433,12 @@ class LocalShardLink:
         self.delay_polls = delay_polls
         self.dead = False
 
-    def push(self, appends: list[DraftAppend]) -> None:
+    def push(self, appends: list[DraftAppend], epoch: int = 0) -> None:
         if not self.dead:
-            self.shard.append_batch(appends)
+            self.shard.append_batch(appends, epoch)
 
-    def pull(self, group_ids: list[str], since: dict[str, int]) -> Any:
-        return [None if self.dead else self.shard.sync(group_ids, since), 0]
+    def pull(self, group_ids: list[str], since: dict[str, int], epoch: int = 0) -> Any:
+        return [None if self.dead else self.shard.sync(group_ids, since, epoch), 0]
 
     def poll(self, handle: Any, wait: bool, timeout_s: float) -> list[GroupUpdate] | None:
         if self.dead or handle[0] is None:

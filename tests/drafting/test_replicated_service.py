@@ -105,6 +105,57 @@ def test_stale_replica_waits_only_for_due_pulls_and_lags_at_most_max_stale():
     assert reps[0].stats.pulls >= 2 and reps[0].stats.remote_tokens == have
 
 
+@pytest.mark.parametrize("k,m", [(1, 0), (1, 1), (1, 2), (2, 0), (2, 1), (2, 3), (3, 1)])
+def test_replica_lag_reaches_exactly_the_stated_bound(k, m):
+    """Replica a drafts for b's request; pulls answer only when waited for (as late as allowed)
+    and a's pull is issued before b's push of the same step: the worst case. The largest number
+    of steps a's drafts lack one of b's tokens is `SyncConfig.max_lag_steps()`."""
+    sync = SyncConfig(shards=1, max_stale_steps=m, sync_every_steps=k)
+    shard = DraftShard()
+    a, b = (SyncedReplica([LocalShardLink(shard, delay_polls=10**6)], sync) for _ in range(2))
+    a.start_request("g", "b", [1, 2], [])
+    b.start_request("g", "b", [1, 2], [])
+    worst = 0
+    for t in range(8 * (k + m + 1)):
+        a.before_step()
+        b.before_step()
+        worst = max(worst, t - len(a._tokens["g"].get("b", [])))  # b's tokens of steps < t
+        b.append("g", "b", [t])
+        a.after_step()
+        b.after_step()
+    assert worst == sync.max_lag_steps()
+
+
+def test_a_reset_shard_drops_the_last_rollouts_late_pushes():
+    """Group ids repeat across rollouts: a push of the last rollout landing after the shard's
+    reset would take the positions of the new rollout's tokens (each position is kept once)."""
+    shard = DraftShard()
+    old = SyncedReplica([LocalShardLink(shard)], SyncConfig())
+    old.start_request("g", "a", [1, 2, 3], [])
+    old.append("g", None, [1, 2, 3])
+    old.append("g", "a", [4, 5])
+    shard.reset(epoch=1)  # the next rollout starts ...
+    old.after_step()  # ... and the last rollout's push of its last step lands after it
+    assert shard.stats()["tokens"] == 0 and shard.stats()["stale_dropped"] == 2
+    new = SyncedReplica([LocalShardLink(shard)], SyncConfig(), epoch=1)
+    new.start_request("g", "a", [7, 8], [])
+    new.append("g", None, [7, 8])
+    new.append("g", "a", [9])
+    new.after_step()
+    (up,) = shard.sync(["g"], {"g": 0}, epoch=1)
+    assert [(m.request_id, m.token_ids.tolist()) for m in up.appends] == [(None, [7, 8]),
+                                                                          ("a", [9])]
+    assert shard.sync(["g"], {"g": 0}, epoch=0) == []  # a pull of the last rollout: nothing
+    old.before_step()
+    assert old.status()["remote_tokens"] == 0
+    old.clear(epoch=1)  # the engine's replica joins the new rollout
+    old.start_request("g", "a", [7, 8], [9])
+    old.append("g", "a", [10])
+    old.after_step()
+    old.before_step()
+    assert shard.stats()["tokens"] == 4 and old._tokens["g"]["a"] == [9, 10]
+
+
 def test_lost_shard_replaced_is_rebuilt_from_the_replicas():
     groups = synthetic_groups(8, 2, 30, mix="structured", seed=2)
     assert {shard_of(g.group_id, 2) for g in groups} == {0, 1}

@@ -186,10 +186,13 @@ class EngineActor:
         if self.replica is not None:
             self.replica.replace_shard(k, RayShardLink(handle))
 
-    def clear_drafts(self) -> None:
-        """Forget the draft contexts of the last rollout (its groups are over)."""
+    def clear_drafts(self, epoch: int | None = None) -> None:
+        """Forget the draft contexts of the last rollout (its groups are over); with `epoch`,
+        this replica and the next engine's push and pull in that rollout epoch."""
+        if epoch is not None:
+            self.draft = dataclasses.replace(self.draft, epoch=epoch)
         if self.replica is not None:
-            self.replica.clear()
+            self.replica.clear(epoch)
 
     def set_draft_sync(self, sync: Any) -> None:
         """How the next engine's replica syncs (a `SyncConfig`; from the next `reset`)."""

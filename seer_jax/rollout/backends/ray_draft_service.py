@@ -47,11 +47,12 @@ class RayShardLink:
     def __init__(self, handle: Any) -> None:
         self.handle = handle
 
-    def push(self, appends: list[DraftAppend]) -> None:
-        self.handle.append_batch.remote(appends)  # fire and forget: a dead shard shows in poll
+    def push(self, appends: list[DraftAppend], epoch: int) -> None:
+        # fire and forget: a dead shard shows in poll; one that was reset since drops it
+        self.handle.append_batch.remote(appends, epoch)
 
-    def pull(self, group_ids: list[str], since: dict[str, int]) -> Any:
-        return self.handle.sync.remote(group_ids, since)
+    def pull(self, group_ids: list[str], since: dict[str, int], epoch: int) -> Any:
+        return self.handle.sync.remote(group_ids, since, epoch)
 
     def poll(self, ref: Any, wait: bool, timeout_s: float) -> list[GroupUpdate] | None:
         import ray
@@ -68,27 +69,30 @@ class RayShardLink:
 @dataclasses.dataclass
 class DraftSpec:
     """What an engine actor needs to draft: the shard actors, how replicas sync, how to build
-    its speculation budget (None: the cost-model default) and the draft settings."""
+    its speculation budget (None: the cost-model default), the draft settings and the epoch of
+    the rollout the shards serve."""
 
     shards: list  # shard actor handles, index = shard
     sync: SyncConfig
     budget: BudgetFactory | None = None
     config: DraftConfig | None = None
+    epoch: int = 0
 
     def make_speculator(self):
         """(Speculator, SyncedReplica) of an engine actor: the budget works per actor."""
         from seer_jax.drafting.budget import SpeculationBudget
         from seer_jax.engine.speculation import Speculator
 
-        replica = SyncedReplica([RayShardLink(h) for h in self.shards], self.sync, self.config)
+        replica = SyncedReplica([RayShardLink(h) for h in self.shards], self.sync, self.config,
+                                self.epoch)
         budget = self.budget() if self.budget is not None else SpeculationBudget.from_profile_json(None)
         return Speculator(replica, budget), replica
 
 
-def start_shard() -> Any:
+def start_shard(epoch: int = 0) -> Any:
     import ray
 
-    return ray.remote(DraftShard).options(num_cpus=0, max_restarts=0).remote()
+    return ray.remote(DraftShard).options(num_cpus=0, max_restarts=0).remote(epoch)
 
 
 class RayDraftService:
@@ -169,13 +173,13 @@ class RayDraftService:
 
         t0 = time.perf_counter()
         ray.kill(self.spec.shards[k], no_restart=True)
-        handle = start_shard()
+        handle = start_shard(self.spec.epoch)
         msgs = []
         for gid, reqs in self.record.items():
             if shard_of(gid, self.sync.shards) == k:
                 msgs += [DraftAppend.make(gid, rid, toks, 0) for rid, toks in
                          sorted(reqs.items(), key=lambda kv: kv[0] is not None) if toks]
-        ray.get(handle.append_batch.remote(msgs), timeout=self.ping_timeout_s)
+        ray.get(handle.append_batch.remote(msgs, self.spec.epoch), timeout=self.ping_timeout_s)
         self.spec.shards[k] = handle
         for inst in self.instances():
             if not inst.lost:
@@ -184,27 +188,32 @@ class RayDraftService:
         self.rebuild_s += time.perf_counter() - t0
 
     # ---- lifecycle ------------------------------------------------------------------------------
-    def reset(self) -> None:
-        """Empty shards and record (the next rollout); lost shards are replaced."""
+    def reset(self) -> list:
+        """Empty shards and record for the next rollout, a new epoch: the shards drop what the
+        last rollout's replicas still push, and every live engine actor's replica is cleared
+        into the new epoch (those calls land before the actor's next reset or step; their refs
+        are returned). Lost shards are replaced."""
         import ray
 
+        self.spec.epoch += 1
         for k, h in enumerate(self.spec.shards):
             try:
-                ray.get(h.reset.remote(), timeout=self.ping_timeout_s)
+                ray.get(h.reset.remote(self.spec.epoch), timeout=self.ping_timeout_s)
             except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
-                self.spec.shards[k] = start_shard()
+                self.spec.shards[k] = start_shard(self.spec.epoch)
                 for inst in self.instances():  # lands before the actor's reset
                     if not inst.lost:
                         inst.actor.set_draft_shard.remote(k, self.spec.shards[k])
         self._clear()
+        return [a.clear_drafts.remote(self.spec.epoch)
+                for inst in self.instances() if not inst.lost for a in inst.actors]
 
     def new_rollout(self) -> None:
         """Between rollouts on the same engines (a trainer's): every replica and shard forgets
         the last rollout's groups."""
         import ray
 
-        ray.get([inst.actor.clear_drafts.remote() for inst in self.instances() if not inst.lost])
-        self.reset()
+        ray.get(self.reset())
 
     def stats(self, snapshots: list | None = None) -> dict:
         """The service's counters and the replicas' (summed over the given actor snapshots)."""
@@ -215,7 +224,7 @@ class RayDraftService:
                                "sync_every_steps": self.sync.sync_every_steps,
                                "lost_shards": self.lost_shards,
                                "rebuilt_shards": self.rebuilt_shards,
-                               "rebuild_s": self.rebuild_s}
+                               "rebuild_s": self.rebuild_s, "epoch": self.spec.epoch}
         if self.fault_fired and self.lost_shards == 0:  # killed, never reported by a replica
             try:
                 ray.get(self.spec.shards[self.killed_shard].ping.remote(),
