@@ -8,8 +8,9 @@ Usage:
 Workload: `--groups` prompts x G=4 responses of up to `--max-tokens` tokens, chunks of 16
 tokens (seer policy), 2 instances. `smollm2`: the built-in natural prompts through the chat
 template, temperature 1.0, SmolLM2-135M; `random`: a random 768 x 6 model (`--hidden`,
-`--layers`), random prompts, greedy. The speculation budget is the default one (the roofline of
-the served model), per instance. Every wall-timed run follows a warm-up run of the same workload
+`--layers`), random prompts, greedy. The speculation budget is the roofline of the served model
+on an H100, per instance, on every row (given explicitly: a budget left to its default would
+fit the CPU's measured steps, and its drafts would depend on the timing of the run). Every wall-timed run follows a warm-up run of the same workload
 (the emulated-clock rows need none: compiles do not count on that clock).
 
 Rows:
@@ -31,7 +32,6 @@ import time
 
 import jax
 
-from seer_jax.drafting.budget import SpeculationBudget
 from seer_jax.drafting.service import InProcessDraftService
 from seer_jax.engine.engine import EngineConfig
 from seer_jax.engine.speculation import Speculator
@@ -44,6 +44,20 @@ from seer_jax.rollout.core.types import SamplingParams
 
 ENGINE = EngineConfig(page_size=16, kv_memory_gib=0.5, max_num_seqs=16,
                       max_num_batched_tokens=128, max_prefill_seqs=4)
+
+
+def roofline_budget(cfg):
+    """A budget factory (built on each actor, a nested function so that it travels by value):
+    the H100 roofline of the served model."""
+    from seer_jax.drafting.budget import BudgetConfig, default_step_time
+
+    step_time = default_step_time(BudgetConfig(), cfg.cost_spec())
+
+    def make():
+        from seer_jax.drafting.budget import SpeculationBudget
+
+        return SpeculationBudget(step_time)
+    return make
 
 
 def _row(out, wall, steps):
@@ -70,8 +84,7 @@ def _inprocess(cfg, params, prompts, args, sampling, speculation, step_time=None
         specs = None
         if speculation:
             service = InProcessDraftService()
-            specs = [Speculator(service, SpeculationBudget.from_profile_json(None))
-                     for _ in range(2)]
+            specs = [Speculator(service, roofline_budget(cfg)()) for _ in range(2)]
         insts = make_engine_instances(
             cfg, params, num_instances=2, tp=1, pool=pool, devices=jax.devices()[:2],
             engine_config=dataclasses.replace(ENGINE, speculation=speculation),
@@ -98,7 +111,8 @@ def _ray(cfg, weights, prompts, args, sampling, speculation, backend):
 
     group = make_ray_instances(cfg, weights, num_instances=2, tp=1, backend=backend,
                                engine_config=dataclasses.replace(ENGINE, speculation=speculation),
-                               eos_ids=cfg.eos_token_ids, record_steps=True)
+                               eos_ids=cfg.eos_token_ids, record_steps=True,
+                               spec_budget=roofline_budget(cfg) if speculation else None)
     try:
         _rollout(group.instances, group.pool, prompts, args, sampling, "concurrent")  # warm-up
         group.reset()
