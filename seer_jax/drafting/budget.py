@@ -7,7 +7,8 @@ Per engine step with B running requests:
    exponential moving average:  E(γ) = Σ_{j≤γ} Π_{i≤j} β[i];
 2. γ* = argmin_{0≤γ≤γ_max} T_SD(B, γ),  T_SD(B, γ) = T(B, γ) / (1 + E(γ))  — step time per
    generated token, with T(B, γ) the step time verifying γ draft tokens for each of B sequences
-   (a measured profile, or a roofline cost model when none was measured);
+   (a measured profile; or, when the engine's own steps are the clock, a line fitted to the
+   steps it times, `measure_steps`; else a roofline cost model);
 3. total budget Γ = γ*·B draft tokens; speculation is off when Γ < B (γ* = 0);
 4. trees when B is small: width k = the largest k ≤ max_width with
    T(B, k·γ*) ≤ (1 + width_slack)·T(B, γ*) (extra nodes are nearly free while the step is
@@ -146,6 +147,39 @@ def default_step_time(config: BudgetConfig, model=None) -> StepTimeFn:
     return lambda b, g: cost.spec_step_time(b, g, b * ctx)
 
 
+class FittedStepTime:
+    """T(B, γ) = a + b·B·(1 + γ), fitted to the engine's own step times (seconds against the
+    tokens the step computed) by least squares over exponentially decaying weights (`decay`
+    per step). Until `min_steps` steps of at least two token counts are in, `fallback`
+    answers. On hardware where a step's cost grows with its tokens (a CPU, compute-bound), a
+    draft token costs what a generated one does, which no accelerator roofline says."""
+
+    def __init__(self, fallback: StepTimeFn, decay: float = 0.05, min_steps: int = 8) -> None:
+        self.fallback = fallback
+        self.decay = decay
+        self.min_steps = min_steps
+        self.steps = 0
+        self._s = np.zeros(5)  # weighted sums of 1, x, y, x², x·y (x = tokens, y = seconds)
+        self.a: float | None = None  # seconds per step, fitted
+        self.b: float | None = None  # seconds per token, fitted
+
+    def observe(self, num_tokens: int, seconds: float) -> None:
+        x, y = float(num_tokens), float(seconds)
+        self._s = (1.0 - self.decay) * self._s + np.array([1.0, x, y, x * x, x * y])
+        self.steps += 1
+        w, sx, sy, sxx, sxy = self._s
+        var = w * sxx - sx * sx
+        if self.steps < self.min_steps or var <= 1e-9 * max(w * sxx, 1.0):
+            return
+        b = max((w * sxy - sx * sy) / var, 0.0)
+        self.a, self.b = max((sy - b * sx) / w, 0.0), b
+
+    def __call__(self, batch_size: int, gamma: int) -> float:
+        if self.a is None:
+            return self.fallback(batch_size, gamma)
+        return self.a + self.b * batch_size * (1 + gamma)
+
+
 def profile_step_time(profile, context_tokens: int = 4096) -> StepTimeFn:
     """T(B, γ) from a measured `seer_jax.costs.StepProfile`."""
     return lambda b, g: profile.t_sd(b, g, b * context_tokens)
@@ -177,7 +211,22 @@ class SpeculationBudget:
         """The engine using this budget serves `model` (a `seer_jax.costs.ModelSpec`): without
         a measured profile, steps are timed by that model's roofline, not `default_model`'s."""
         if self._default_step_time:
+            fitted = isinstance(self.step_time, FittedStepTime)
             self.step_time = default_step_time(self.config, model)
+            if fitted:
+                self.step_time = FittedStepTime(self.step_time)
+
+    def measure_steps(self) -> None:
+        """The engine's own step times are the clock (`time_model="measured"`, Ray actors):
+        without a measured profile or a given step time, T(B, γ) becomes a line fitted to the
+        steps the engine reports (`observe_step`), the roofline until enough are in."""
+        if self._default_step_time and not isinstance(self.step_time, FittedStepTime):
+            self.step_time = FittedStepTime(self.step_time)
+
+    def observe_step(self, num_tokens: int, seconds: float) -> None:
+        """A step the engine ran: the tokens it computed and its seconds (compiles left out)."""
+        if isinstance(self.step_time, FittedStepTime):
+            self.step_time.observe(num_tokens, seconds)
 
     # -- planning --------------------------------------------------------------------------------
 

@@ -261,6 +261,9 @@ class Engine:
         stats.plan_s, stats.h2d_s, stats.device_s, stats.d2h_s = p1 - p0, rt.h2d_s, rt.device_s, rt.d2h_s
         stats.compile_s = self.runner.compile_s - compile0
         stats.commit_s = time.perf_counter() - p1 - rt.h2d_s - rt.device_s - rt.d2h_s - stats.compile_s
+        if self.spec is not None:  # a budget fitted to measured steps learns from this one
+            self.spec.budget.observe_step(stats.num_tokens,
+                                          time.perf_counter() - p0 - stats.compile_s)
         return finished
 
     def _plan(self) -> StepPlan | None:

@@ -303,3 +303,47 @@ def test_allocate_expected_off_and_depth_cap():
     reach = np.cumprod(np.full((3, 4), 0.9), axis=1)
     assert b.allocate_expected(reach, None, BudgetPlan(3, 0, 0, 1, 0, 0)).tolist() == [0, 0, 0]
     assert b.allocate_expected(reach, None, BudgetPlan(3, 2, 6, 1, 2, 2)).tolist() == [2, 2, 2]
+
+
+# -- a budget fitted to measured steps -------------------------------------------------------------
+
+
+def _fed(step_cost, steps=40):
+    """A default budget (no profile) whose engine's steps are the clock, fed `steps` steps of
+    1..16 sequences with 1 + 0..3 tokens each, costing step_cost(tokens) seconds."""
+    from seer_jax.costs import get_model
+
+    b = SpeculationBudget(config=BudgetConfig(beta_init=0.5))
+    b.serve(get_model("smollm2-135m"))
+    b.measure_steps()
+    rng = np.random.RandomState(0)
+    for _ in range(steps):
+        n = int(rng.randint(1, 17)) * int(rng.randint(1, 5))
+        b.observe_step(n, step_cost(n))
+    return b
+
+
+def test_measured_compute_bound_steps_turn_speculation_off_where_the_roofline_keeps_it():
+    """Steps whose cost grows with every token (a CPU): a draft token of acceptance 0.5 is not
+    worth verifying at 8 sequences, though an accelerator roofline finds it nearly free."""
+    roof = SpeculationBudget(config=BudgetConfig(beta_init=0.5))
+    from seer_jax.costs import get_model
+
+    roof.serve(get_model("smollm2-135m"))
+    assert roof.plan(8, relax=False).enabled
+    b = _fed(lambda n: 0.01 + 0.02 * n)
+    assert b.step_time.a == pytest.approx(0.01) and b.step_time.b == pytest.approx(0.02)
+    assert not b.plan(8, relax=False).enabled
+    # overhead-bound steps (a tiny model): drafts are nearly free, speculation stays on
+    b = _fed(lambda n: 0.05 + 1e-5 * n)
+    assert b.plan(8, relax=False).enabled and b.plan(8, relax=False).gamma_star > 1
+
+
+def test_fitted_step_time_falls_back_to_the_roofline_until_enough_steps():
+    b = _fed(lambda n: 0.01 + 0.02 * n, steps=3)
+    assert b.step_time.a is None
+    assert b.step_time(8, 2) == b.step_time.fallback(8, 2)
+    given = SpeculationBudget(lambda B, g: 1.0)  # an explicit step time is never replaced
+    given.measure_steps()
+    given.observe_step(100, 5.0)
+    assert given.step_time(8, 2) == 1.0

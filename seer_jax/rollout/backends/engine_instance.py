@@ -50,6 +50,10 @@ class EngineInstance:
         self.engine = engine
         self.pool = pool
         self.step_time = step_time
+        if step_time is None and engine.spec is not None:
+            # measured steps are the clock: the speculation budget (when no profile or step time
+            # was given) weighs draft tokens by what this hardware's steps cost
+            engine.spec.budget.measure_steps()
         self._now = 0.0
         self._chunks: dict[str, tuple[ChunkRequest, float, float | None]] = {}
         self._started: dict[str, float] = {}
