@@ -7,11 +7,13 @@ Usage:
 
 Workload: `--groups` prompts x G=4 responses of up to `--max-tokens` tokens, chunks of 16
 tokens (seer policy), 2 instances. `smollm2`: the built-in natural prompts through the chat
-template, temperature 1.0, SmolLM2-135M; `random`: a random 768 x 6 model (`--hidden`,
-`--layers`), random prompts, greedy. The speculation budget is the roofline of the served model
-on an H100, per instance, on every row (given explicitly: a budget left to its default would
-fit the CPU's measured steps, and its drafts would depend on the timing of the run). Every wall-timed run follows a warm-up run of the same workload
-(the emulated-clock rows need none: compiles do not count on that clock).
+template, `--temperature` (1.0; at 0 the in-process and Ray rows emit the same tokens, so
+their acceptance differs only by the replicas' staleness), SmolLM2-135M; `random`: a random
+768 x 6 model (`--hidden`, `--layers`), random prompts, greedy. The speculation budget is the
+roofline of the served model on an H100, per instance, on every row (given explicitly: a
+budget left to its default would fit the CPU's measured steps, and its drafts would depend on
+the timing of the run). Every wall-timed run follows a warm-up run of the same workload (the
+emulated-clock rows need none: compiles do not count on that clock).
 
 Rows:
 - inprocess_spec: 2 in-process slices sharing one `InProcessDraftService`, clock concurrent;
@@ -157,8 +159,9 @@ def main(args, random_workload=None) -> int:
         c.num_prompts = args.groups
         prompts, _ = build_prompts(c, tok)
         weights = "smollm2"  # each actor loads it
-        sampling = SamplingParams(temperature=1.0, seed=0)
-        model_name = "smollm2-135m (natural prompts, chat template, temperature 1.0)"
+        sampling = SamplingParams(temperature=args.temperature, seed=0)
+        model_name = ("smollm2-135m (natural prompts, chat template, temperature "
+                      f"{args.temperature})")
     else:
         cfg, params, prompts = random_workload
         weights = params
