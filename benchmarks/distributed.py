@@ -186,10 +186,13 @@ def main(argv: list[str] | None = None) -> int:
                     help="grouped speculation rows instead (see benchmarks/distributed_spec.py)")
     ap.add_argument("--model", choices=["smollm2", "random"], default="smollm2",
                     help="with --speculation: SmolLM2 on natural prompts, or the random model")
+    ap.add_argument("--rows", default="inprocess_spec,roofline,ray_spec,ray_plain",
+                    help="with --speculation: the rows to run (comma-separated)")
     ap.add_argument("--temperature", type=float, default=1.0,
                     help="with --speculation --model smollm2: the sampling temperature")
     ap.add_argument("--cost-model", default="smollm2-135m",
-                    help="with --speculation: the roofline model of the modelled rows")
+                    help="with --speculation --model smollm2: the roofline model of the "
+                    "modelled rows")
     args = ap.parse_args(argv)
     global CFG
     CFG = model_config(args.hidden, args.layers)

@@ -19,8 +19,11 @@ Rows:
 - inprocess_spec: 2 in-process slices sharing one `InProcessDraftService`, clock concurrent;
 - ray_spec: 2 Ray actors, each drafting from its replica of the draft service (1 shard, at most
   one step stale), clock concurrent; ray_plain: the same actors' workload without speculation;
-- roofline_spec / roofline_plain: in process, emulated clock with the roofline step time of
-  `--cost-model` on an H100 (what `time_model=roofline` uses): the modelled tokens/s.
+- roofline_spec / roofline_plain: in process, emulated clock with the roofline step time on an
+  H100 (what `time_model=roofline` uses) of `--cost-model` (SmolLM2) or of the random model's
+  own shape: the modelled tokens/s.
+`--rows` picks rows (inprocess_spec, roofline, ray_spec, ray_plain); the JSON is written after
+every row, so a run cut short keeps what it measured.
 Per row: accepted draft tokens per decode step, acceptance, tokens/s; for ray_spec also bytes
 pushed and pulled per step, the mean pull latency (issue -> applied), the time steps waited for
 late pulls, and the actor's host time drafting + syncing per step against the mean step.
@@ -145,6 +148,39 @@ def _ray(cfg, weights, prompts, args, sampling, speculation, backend):
     return out, row
 
 
+def _summary(rows: dict, model_name: str) -> dict:
+    """The headline numbers of the rows that ran (None where a row is missing)."""
+    inp, rs, rp = (rows.get(k, {}) for k in ("inprocess_spec", "ray_spec", "ray_plain"))
+    rspec, rplain = rows.get("roofline_spec", {}), rows.get("roofline_plain", {})
+
+    def ratio(a, b):
+        return a / b if a is not None and b else None
+
+    return {
+        "model": model_name,
+        "accepted_per_decode_step_inprocess": inp.get("accepted_per_decode_step"),
+        "accepted_per_decode_step_ray": rs.get("accepted_per_decode_step"),
+        "ray_vs_inprocess_accepted_per_step": ratio(rs.get("accepted_per_decode_step"),
+                                                    inp.get("accepted_per_decode_step")),
+        "ray_vs_inprocess_accepted_per_token": ratio(rs.get("accepted_per_token"),
+                                                     inp.get("accepted_per_token")),
+        "acceptance_inprocess": inp.get("acceptance"), "acceptance_ray": rs.get("acceptance"),
+        "bytes_pushed_per_step": rs.get("bytes_pushed_per_step"),
+        "bytes_pulled_per_step": rs.get("bytes_pulled_per_step"),
+        "pull_latency_mean_s": rs.get("pull_latency_mean_s"),
+        "host_draft_sync_s_per_step": rs.get("host_draft_sync_s_per_step"),
+        "ray_mean_step_s": rs.get("mean_step_s"),
+        "host_fraction_of_step": rs.get("host_fraction_of_step"),
+        "ray_spec_tokens_per_s": rs.get("tokens_per_s"),
+        "ray_plain_tokens_per_s": rp.get("tokens_per_s"),
+        "inprocess_spec_tokens_per_s": inp.get("tokens_per_s"),
+        "roofline_spec_tokens_per_s": rspec.get("modelled_tokens_per_s"),
+        "roofline_plain_tokens_per_s": rplain.get("modelled_tokens_per_s"),
+        "roofline_speedup": ratio(rspec.get("modelled_tokens_per_s"),
+                                  rplain.get("modelled_tokens_per_s")),
+    }
+
+
 def main(args, random_workload=None) -> int:
     """random_workload: (cfg, params, prompts) of the random model (from distributed.py)."""
     from seer_jax.costs import RooflineCostModel, get_accelerator, get_model
@@ -167,56 +203,46 @@ def main(args, random_workload=None) -> int:
         weights = params
         sampling = SamplingParams(temperature=0.0)
         model_name = f"random hidden {args.hidden} x {args.layers} layers (greedy)"
-    roofline = RooflineCostModel(model=get_model(args.cost_model), accelerator=get_accelerator("h100"),
-                                 chips=1, page_size=ENGINE.page_size)
-    rows = {}
-    _, rows["inprocess_spec"] = _inprocess(cfg, params, prompts, args, sampling, True)
-    print("inprocess_spec", json.dumps(rows["inprocess_spec"]), flush=True)
-    _, rows["roofline_spec"] = _inprocess(cfg, params, prompts, args, sampling, True, roofline)
-    _, rows["roofline_plain"] = _inprocess(cfg, params, prompts, args, sampling, False, roofline)
-    print("roofline", rows["roofline_spec"]["modelled_tokens_per_s"],
-          rows["roofline_plain"]["modelled_tokens_per_s"], flush=True)
-    backend = RayBackendConfig(object_store_mb=400, pin_cpus=True, step_timeout_s=600.0,
-                               env={"XLA_FLAGS": "--xla_force_host_platform_device_count=1"})
-    ray = ensure_ray(backend, min_cpus=4)
-    try:
-        _, rows["ray_spec"] = _ray(cfg, weights, prompts, args, sampling, True, backend)
-        print("ray_spec", json.dumps({k: v for k, v in rows["ray_spec"].items()
-                                      if k != "draft_service"}), flush=True)
-        _, rows["ray_plain"] = _ray(cfg, weights, prompts, args, sampling, False, backend)
-    finally:
-        ray.shutdown()
-    inp, rs, rp = rows["inprocess_spec"], rows["ray_spec"], rows["ray_plain"]
-    summary = {
-        "model": model_name,
-        "accepted_per_decode_step_inprocess": inp["accepted_per_decode_step"],
-        "accepted_per_decode_step_ray": rs["accepted_per_decode_step"],
-        "ray_vs_inprocess_accepted_per_step": (rs["accepted_per_decode_step"]
-                                               / max(inp["accepted_per_decode_step"], 1e-9)),
-        "ray_vs_inprocess_accepted_per_token": (rs["accepted_per_token"]
-                                                / max(inp["accepted_per_token"], 1e-9)),
-        "acceptance_inprocess": inp["acceptance"], "acceptance_ray": rs["acceptance"],
-        "bytes_pushed_per_step": rs.get("bytes_pushed_per_step"),
-        "bytes_pulled_per_step": rs.get("bytes_pulled_per_step"),
-        "pull_latency_mean_s": rs.get("pull_latency_mean_s"),
-        "host_draft_sync_s_per_step": rs.get("host_draft_sync_s_per_step"),
-        "ray_mean_step_s": rs["mean_step_s"],
-        "host_fraction_of_step": rs.get("host_fraction_of_step"),
-        "ray_spec_tokens_per_s": rs["tokens_per_s"], "ray_plain_tokens_per_s": rp["tokens_per_s"],
-        "inprocess_spec_tokens_per_s": inp["tokens_per_s"],
-        "roofline_spec_tokens_per_s": rows["roofline_spec"]["modelled_tokens_per_s"],
-        "roofline_plain_tokens_per_s": rows["roofline_plain"]["modelled_tokens_per_s"],
-        "roofline_speedup": (rows["roofline_spec"]["modelled_tokens_per_s"]
-                             / rows["roofline_plain"]["modelled_tokens_per_s"]),
-    }
-    report = {"summary": summary, "run": run_info(),
-              "workload": {"groups": args.groups, "group_size": 4, "max_tokens": args.max_tokens,
-                           "chunk_size": 16, "policy": "seer", "instances": 2,
-                           "model": model_name, "cost_model": args.cost_model,
-                           "engine": dataclasses.asdict(ENGINE)},
-              "runs": rows}
-    print(json.dumps(summary, indent=2))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(report, f, indent=2, default=str)
+    served = get_model(args.cost_model) if args.model == "smollm2" else cfg.cost_spec()
+    roofline = RooflineCostModel(model=served, accelerator=get_accelerator("h100"), chips=1,
+                                 page_size=ENGINE.page_size)
+    want = set(args.rows.split(","))
+    rows: dict = {}
+    workload = {"groups": args.groups, "group_size": 4, "max_tokens": args.max_tokens,
+                "chunk_size": 16, "policy": "seer", "instances": 2, "model": model_name,
+                "roofline_model": served.name, "engine": dataclasses.asdict(ENGINE)}
+
+    def write():  # after every row: a run cut short keeps the rows it has
+        report = {"summary": _summary(rows, model_name), "run": run_info(),
+                  "workload": workload, "runs": rows}
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(report, f, indent=2, default=str)
+        return report
+
+    if "inprocess_spec" in want:
+        _, rows["inprocess_spec"] = _inprocess(cfg, params, prompts, args, sampling, True)
+        print("inprocess_spec", json.dumps(rows["inprocess_spec"]), flush=True)
+        write()
+    if "roofline" in want:
+        _, rows["roofline_spec"] = _inprocess(cfg, params, prompts, args, sampling, True, roofline)
+        _, rows["roofline_plain"] = _inprocess(cfg, params, prompts, args, sampling, False,
+                                               roofline)
+        print("roofline", rows["roofline_spec"]["modelled_tokens_per_s"],
+              rows["roofline_plain"]["modelled_tokens_per_s"], flush=True)
+        write()
+    if want & {"ray_spec", "ray_plain"}:
+        backend = RayBackendConfig(object_store_mb=400, pin_cpus=True, step_timeout_s=600.0,
+                                   env={"XLA_FLAGS": "--xla_force_host_platform_device_count=1"})
+        ray = ensure_ray(backend, min_cpus=4)
+        try:
+            for name, spec in (("ray_spec", True), ("ray_plain", False)):
+                if name in want:
+                    _, rows[name] = _ray(cfg, weights, prompts, args, sampling, spec, backend)
+                    print(name, json.dumps({k: v for k, v in rows[name].items()
+                                            if k != "draft_service"}), flush=True)
+                    write()
+        finally:
+            ray.shutdown()
+    print(json.dumps(write()["summary"], indent=2))
     return 0
