@@ -55,9 +55,9 @@ def _time(fn, *args, iters: int) -> float:
 
 def _kv_bytes(batch) -> int:
     """Bytes of K and V the queries must read (each live sequence's kv_len, all KV heads)."""
-    hkv, _, _, d = batch.k_pages.shape
+    _, _, combined, d = batch.kv_pages.shape  # combined = 2 * Hkv (K and V)
     n = int(batch.num_seqs)
-    return int(batch.kv_lens[:n].sum()) * hkv * d * 2 * batch.k_pages.dtype.itemsize
+    return int(batch.kv_lens[:n].sum()) * combined * d * batch.kv_pages.dtype.itemsize
 
 
 def bench_attention(quick: bool, iters: int, dtype) -> list[dict]:
@@ -69,8 +69,7 @@ def bench_attention(quick: bool, iters: int, dtype) -> list[dict]:
         b = make_batch(seqs, page_size=16, max_seqs=len(seqs) + 4,
                        num_tokens=sum(q for q, _ in seqs) + 8, trees=cfg["trees"],
                        dtype=dtype, **HEADS)
-        b.k_pages = np.nan_to_num(b.k_pages)  # timing only; NaN pages are for correctness tests
-        b.v_pages = np.nan_to_num(b.v_pages)
+        b.kv_pages = np.nan_to_num(b.kv_pages)  # timing only; NaN pages are for correctness tests
         args = [jnp.asarray(a) for a in b.args()]
         tree = None if b.tree_parents is None else jnp.asarray(b.tree_parents)
         nbytes = _kv_bytes(b)
@@ -97,16 +96,15 @@ def bench_other(quick: bool, iters: int) -> list[dict]:
     backend = jax.default_backend()
     rows = []
     hkv, d, pages, ps = 3, 64, 512 if quick else 4096, 16
-    k = jnp.zeros((hkv, pages, ps, d), jnp.float32)
+    kv = jnp.zeros((pages, ps, 2 * hkv, d), jnp.float32)  # combined K/V cache
     n_new = 32
     new = jnp.ones((n_new, hkv, d), jnp.float32)
     slots = jnp.arange(n_new, dtype=jnp.int32) * 7
-    fn = jax.jit(lambda k, v, a, b, s: write_kv(k, v, a, b, s, impl="reference"),
-                 donate_argnums=(0, 1))
-    state = [k, jnp.zeros_like(k)]
+    fn = jax.jit(lambda kv, a, b, s: write_kv(kv, a, b, s, impl="reference"), donate_argnums=0)
+    state = [kv]
 
     def step():
-        state[:] = fn(state[0], state[1], new, new, slots)
+        state[0] = fn(state[0], new, new, slots)
         return state[0]
 
     jax.block_until_ready(step())

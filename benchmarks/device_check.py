@@ -94,11 +94,11 @@ def section_correctness(ctx: Ctx) -> dict:
             rows.append(dict(case=name, dtype=str(jnp.dtype(dtype)), max_abs_err=err, tol=tol,
                              ok=bool(err <= tol)))
     # KV write into a layered cache, in place.
-    k = jnp.zeros((3, 2, 8, 16, 64), jnp.bfloat16)
+    kv = jnp.zeros((3, 8, 16, 4, 64), jnp.bfloat16)  # [L, P, S, 2 * Hkv, D]
     new = jax.random.normal(jax.random.key(0), (5, 2, 64)).astype(jnp.bfloat16)
     slots = jnp.array([0, 17, 40, -1, 127], jnp.int32)
-    got = write_kv(k, k, new, new, slots, impl=ctx.impl, interpret=ctx.interpret, layer=1)[0]
-    want = write_kv(k, k, new, new, slots, impl="reference", layer=1)[0]
+    got = write_kv(kv, new, -new, slots, impl=ctx.impl, interpret=ctx.interpret, layer=1)
+    want = write_kv(kv, new, -new, slots, impl="reference", layer=1)
     err = float(jnp.max(jnp.abs(got.astype(jnp.float32) - want.astype(jnp.float32))))
     rows.append(dict(case="write_kv_layered", dtype="bfloat16", max_abs_err=err, tol=0.0,
                      ok=bool(err == 0.0)))
@@ -111,10 +111,8 @@ def section_correctness(ctx: Ctx) -> dict:
 def _decode_pool(ctx: Ctx, hkv, d, page_size, total_pages, dtype):
     import jax
 
-    key = jax.random.key(1)
-    shape = (hkv, total_pages, page_size, d)
-    mk = jax.jit(lambda k: jax.random.normal(k, shape, dtype), static_argnums=())
-    return mk(key), mk(jax.random.fold_in(key, 1))
+    shape = (total_pages, page_size, 2 * hkv, d)  # combined K/V cache (seer_jax.pallas.kv_layout)
+    return jax.jit(lambda k: jax.random.normal(k, shape, dtype))(jax.random.key(1))
 
 
 def section_decode(ctx: Ctx) -> dict:
@@ -129,7 +127,7 @@ def section_decode(ctx: Ctx) -> dict:
         hq, hkv, d, batches, contexts = 4, 2, 64, (2,), (64,)
     kv_token_bytes = 2 * hkv * d * jnp.dtype(dtype).itemsize
     cap = max(b * c for b in batches for c in contexts if b * c * kv_token_bytes <= MAX_POOL_BYTES)
-    k_pages, v_pages = _decode_pool(ctx, hkv, d, ps, cap // ps, dtype)
+    kv_pages = _decode_pool(ctx, hkv, d, ps, cap // ps, dtype)
     rows = []
     for c in contexts:
         for b in batches:
@@ -140,10 +138,9 @@ def section_decode(ctx: Ctx) -> dict:
             q = jax.random.normal(jax.random.key(b), (b, hq, d), dtype)
             kv_lens = jnp.full((b,), c, jnp.int32)
             cu = jnp.arange(b + 1, dtype=jnp.int32)
-            fn = jax.jit(lambda q, k, v, kl, p, cu, n: ragged_paged_attention(
-                q, k, v, kl, p, cu, n, impl=ctx.impl, interpret=ctx.interpret))
-            t = _timeit(fn, q, k_pages, v_pages, kv_lens, pages, cu, jnp.int32(b),
-                        iters=ctx.iters)
+            fn = jax.jit(lambda q, kv, kl, p, cu, n: ragged_paged_attention(
+                q, kv, kl, p, cu, n, impl=ctx.impl, interpret=ctx.interpret))
+            t = _timeit(fn, q, kv_pages, kv_lens, pages, cu, jnp.int32(b), iters=ctx.iters)
             gbps = b * c * kv_token_bytes / t / 1e9
             rows.append(dict(batch=b, context=c, ms=t * 1e3, hbm_gbps=gbps,
                              frac_of_peak=gbps / ctx.peak if ctx.peak else None))
@@ -168,14 +165,14 @@ def section_prefill(ctx: Ctx) -> dict:
     rows = []
     for nseq, L in shapes:
         pps = L // ps
-        k_pages, v_pages = _decode_pool(ctx, hkv, d, ps, nseq * pps, dtype)
+        kv_pages = _decode_pool(ctx, hkv, d, ps, nseq * pps, dtype)
         q = jax.random.normal(jax.random.key(2), (nseq * L, hq, d), dtype)
         pages = jnp.arange(nseq * pps, dtype=jnp.int32).reshape(nseq, pps)
         kv_lens = jnp.full((nseq,), L, jnp.int32)
         cu = jnp.arange(nseq + 1, dtype=jnp.int32) * L
-        fn = jax.jit(lambda q, k, v, kl, p, cu, n: ragged_paged_attention(
-            q, k, v, kl, p, cu, n, impl=ctx.impl, interpret=ctx.interpret))
-        t = _timeit(fn, q, k_pages, v_pages, kv_lens, pages, cu, jnp.int32(nseq), iters=ctx.iters)
+        fn = jax.jit(lambda q, kv, kl, p, cu, n: ragged_paged_attention(
+            q, kv, kl, p, cu, n, impl=ctx.impl, interpret=ctx.interpret))
+        t = _timeit(fn, q, kv_pages, kv_lens, pages, cu, jnp.int32(nseq), iters=ctx.iters)
         flops = 4.0 * hq * d * nseq * L * (L + 1) / 2  # QK^T and PV over the causal half
         rows.append(dict(seqs=nseq, seq_len=L, ms=t * 1e3, tflops=flops / t / 1e12))
     return {"rows": rows}

@@ -11,8 +11,9 @@ Kernels cannot be partitioned by XLA, so on a mesh every kernel call (KV write a
 runs under `shard_map` over the `tp` axis: query heads and KV heads are split, each shard holds
 whole GQA groups. When the model has fewer KV heads than tp, the cache holds each KV head
 `kv_repeat = tp // num_kv_heads` times (one per shard, as tpu-inference does) and new K/V are
-repeated before the write. The kernels read the whole [L, Hkv, P, S, D] cache with a layer index,
-so the layer scan never slices a layer out of the pool.
+repeated before the write. The kernels read the whole [L, P, S, 2 * Hkv, D] cache (K and V
+interleaved per head, `seer_jax.pallas.kv_layout`) with a layer index, so the layer scan never
+slices a layer out of the pool.
 """
 
 from __future__ import annotations
@@ -106,21 +107,20 @@ def check_kernel_shapes(plan: AttentionPlan, cfg: ModelConfig, *, page_size: int
                           f"{problem}; allowed alternatives: impl='reference' or 'cpu'")
 
 
-def kernel_write(plan: AttentionPlan, k_all, v_all, k, v, slots, layer):
-    """Write new K/V [T, Hkv, D] of `layer` into the [L, Hkv_cache, P, S, D] cache in place."""
+def kernel_write(plan: AttentionPlan, kv_all, k, v, slots, layer):
+    """Write new K/V [T, Hkv, D] of `layer` into the [L, P, S, 2 * Hkv_cache, D] cache in place."""
     if plan.kv_repeat > 1:
         k, v = jnp.repeat(k, plan.kv_repeat, axis=1), jnp.repeat(v, plan.kv_repeat, axis=1)
     kw = dict(impl=plan.impl, interpret=plan.interpret, layer=layer)
     if plan.mesh is None:
-        return write_kv(k_all, v_all, k, v, slots, **kw)
-    return sharded_write_kv(plan.mesh, k_all, v_all, k, v, slots, **kw)
+        return write_kv(kv_all, k, v, slots, **kw)
+    return sharded_write_kv(plan.mesh, kv_all, k, v, slots, **kw)
 
 
-def kernel_attention(plan: AttentionPlan, q, k_all, v_all, kv_lens, pages, cu, num, *, layer,
+def kernel_attention(plan: AttentionPlan, q, kv_all, kv_lens, pages, cu, num, *, layer,
                      tree_parents=None):
     """Ragged paged attention of packed q [T, Hq, D] over `layer` of the whole cache."""
     kw = dict(impl=plan.impl, interpret=plan.interpret, layer=layer, tree_parents=tree_parents)
     if plan.mesh is None:
-        return ragged_paged_attention(q, k_all, v_all, kv_lens, pages, cu, num, **kw)
-    return sharded_ragged_paged_attention(plan.mesh, q, k_all, v_all, kv_lens, pages, cu, num,
-                                          **kw)
+        return ragged_paged_attention(q, kv_all, kv_lens, pages, cu, num, **kw)
+    return sharded_ragged_paged_attention(plan.mesh, q, kv_all, kv_lens, pages, cu, num, **kw)

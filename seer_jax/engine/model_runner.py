@@ -8,8 +8,12 @@ scales with max_q_len, so splitting keeps decodes cheap next to a long prefill c
 attention runs, and how kernels run under `shard_map` on a tp mesh: `attention_backend`. All shapes
 come from a small set of padded buckets (`Layout`), so steady state never recompiles.
 
-KV cache: k_all, v_all [num_layers, num_kv_heads * kv_repeat, num_pages, page_size, head_dim],
-carried through the layer scan and donated to every step, so updates happen in place.
+KV cache: kv_all [num_layers, num_pages, page_size, 2 * num_kv_heads * kv_repeat, head_dim], K and
+V interleaved per KV head (`seer_jax.pallas.kv_layout`), carried through the layer scan and donated
+to every step, so updates happen in place. Its device layout is pinned row-major (an explicit
+`Format` on the allocation and on every jit that takes or returns it): left to choose, XLA on TPU
+may give the cache a layout the kernels cannot read (e.g. page axis innermost) and then copy the
+whole cache in and out of every step.
 
 A mesh may span several processes under `jax.distributed` (a slice over several hosts). Every
 process of the slice then runs the same calls in the same order (SPMD); host inputs go to the
@@ -27,7 +31,9 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from jax.experimental.layout import Format
+from jax.experimental.layout import Layout as DeviceLayout
+from jax.sharding import Mesh, NamedSharding, PartitionSpec, SingleDeviceSharding
 
 from seer_jax.engine.attention_backend import (
     AttentionPlan,
@@ -43,7 +49,8 @@ from seer_jax.model.llama import Params, forward, jnp_dtype
 from seer_jax.model.sampling import request_keys, sample_tokens, top_logprobs
 from seer_jax.model.sampling_acceptance import accept_draft_tree
 from seer_jax.model.sharding import ShardingRules, shard_params
-from seer_jax.pallas import ragged_paged_attention
+from seer_jax.pallas import ragged_paged_attention, write_kv_reference
+from seer_jax.pallas.kv_layout import interleave_kv, kv_cache_shape, split_kv
 
 TRACE_COUNTS: dict[str, int] = {"step": 0}
 # compiled steps by (function, static args, shapes, sharding), least recently used first; bounded
@@ -84,19 +91,15 @@ def to_host(x: jax.Array) -> np.ndarray:
 
 def _paged_attention(cache, meta, layer, q, k, v, *, layout: Layout, plan: AttentionPlan):
     """One layer's KV write + attention over both regions. The cache is the whole
-    [L, Hkv_cache, P, S, D] pool carried through the layer scan; nothing here slices a layer out
-    of it (that would copy the layer's page pool on every layer of every step)."""
-    k_all, v_all = cache
-    _, _, num_pages, page_size, _ = k_all.shape
+    [L, P, S, 2 * Hkv_cache, D] pool carried through the layer scan; nothing here slices a layer
+    out of it (that would copy the layer's page pool on every layer of every step)."""
+    kv_all = cache
+    _, num_pages, page_size, _, _ = kv_all.shape
     slots = meta["slots"]
     if plan.kernel:
-        k_all, v_all = kernel_write(plan, k_all, v_all, k, v, slots, layer)
+        kv_all = kernel_write(plan, kv_all, k, v, slots, layer)
     else:
-        n_slots = num_pages * page_size
-        s = jnp.where((slots >= 0) & (slots < n_slots), slots, n_slots)
-        pg, off = s // page_size, s % page_size
-        k_all = k_all.at[layer, :, pg, off].set(k.astype(k_all.dtype), mode="drop")
-        v_all = v_all.at[layer, :, pg, off].set(v.astype(v_all.dtype), mode="drop")
+        kv_all = write_kv_reference(kv_all, k, v, slots, layer)
     outs = []
     split = layout.n_dec * layout.q_dec
 
@@ -104,59 +107,52 @@ def _paged_attention(cache, meta, layer, q, k, v, *, layout: Layout, plan: Atten
         kv_lens, table = meta[f"{prefix}_kv_lens"], meta[f"{prefix}_pages"]
         cu, num = meta[f"{prefix}_cu"], meta[f"{prefix}_num"]
         if plan.kernel:
-            return kernel_attention(plan, q_region, k_all, v_all, kv_lens, table, cu, num,
+            return kernel_attention(plan, q_region, kv_all, kv_lens, table, cu, num,
                                     layer=layer, tree_parents=parents)
         if plan.impl == "reference":
-            return ragged_paged_attention(q_region, k_all, v_all, kv_lens, table, cu, num,
+            return ragged_paged_attention(q_region, kv_all, kv_lens, table, cu, num,
                                           tree_parents=parents, max_q_len=max_q_len,
                                           impl="reference", layer=layer)
         # cpu: gather only the region's pages, then the reference on that small pool.
         flat = table.reshape(-1)
         local = jnp.arange(flat.shape[0], dtype=jnp.int32).reshape(table.shape)
         return ragged_paged_attention(
-            q_region, gather_pages(k_all, flat, layer), gather_pages(v_all, flat, layer),
-            kv_lens, local, cu, num, tree_parents=parents, max_q_len=max_q_len,
-            impl="reference")
+            q_region, gather_pages(kv_all, flat, layer), kv_lens, local, cu, num,
+            tree_parents=parents, max_q_len=max_q_len, impl="reference")
 
     if layout.n_dec and uses_cpu_decode(plan.impl, layout) and meta.get("dec_parents") is None:
         outs.append(paged_decode_attention(
-            q[:split], k_all, v_all, meta["dec_kv_lens"], meta["dec_pages"], meta["dec_num"],
+            q[:split], kv_all, meta["dec_kv_lens"], meta["dec_pages"], meta["dec_num"],
             layer=layer))
     elif layout.n_dec:
         outs.append(attend(q[:split], "dec", layout.q_dec, meta.get("dec_parents")))
     if layout.n_pre:
         outs.append(attend(q[split:], "pre", layout.t_pre))
     out = outs[0] if len(outs) == 1 else jnp.concatenate(outs, axis=0)
-    return out, (k_all, v_all)
+    return out, kv_all
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "layout", "plan", "num_top", "unroll"),
-                   donate_argnames=("k_all", "v_all"))
-def _sample_step(params, k_all, v_all, batch, *, cfg, layout, plan, num_top, unroll=1):
+def _sample_step(params, kv_all, batch, *, cfg, layout, plan, num_top, unroll=1):
     TRACE_COUNTS["step"] += 1
     attention = functools.partial(_paged_attention, layout=layout, plan=plan)
-    logits, (k_all, v_all) = forward(params, cfg, batch["tokens"], batch["positions"],
-                                     (k_all, v_all), batch, attention,
-                                     logits_index=batch["logits_index"], unroll=unroll)
+    logits, kv_all = forward(params, cfg, batch["tokens"], batch["positions"], kv_all, batch,
+                             attention, logits_index=batch["logits_index"], unroll=unroll)
     keys = request_keys(batch["seeds"], batch["gen_index"])
     toks, lps = sample_tokens(logits, keys, batch["temperature"], batch["top_p"], batch["top_k"])
     top = None
     if num_top:
         top = top_logprobs(logits, batch["temperature"], batch["top_p"], batch["top_k"], num_top)
-    return k_all, v_all, toks, lps, top
+    return kv_all, toks, lps, top
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "layout", "plan", "unroll"),
-                   donate_argnames=("k_all", "v_all"))
-def _verify_step(params, k_all, v_all, batch, *, cfg, layout, plan, unroll=1):
+def _verify_step(params, kv_all, batch, *, cfg, layout, plan, unroll=1):
     """Speculative step: the decode region holds [last token, draft nodes...] per sequence (a
     token tree via dec_parents); every decode-region token gets logits, and the draft tree is
     accepted or rejected losslessly. Prefill rows are sampled as usual."""
     TRACE_COUNTS["step"] += 1
     attention = functools.partial(_paged_attention, layout=layout, plan=plan)
-    logits, (k_all, v_all) = forward(params, cfg, batch["tokens"], batch["positions"],
-                                     (k_all, v_all), batch, attention,
-                                     logits_index=batch["logits_index"], unroll=unroll)
+    logits, kv_all = forward(params, cfg, batch["tokens"], batch["positions"], kv_all, batch,
+                             attention, logits_index=batch["logits_index"], unroll=unroll)
     nd, q = layout.n_dec, layout.q_dec
     keys = request_keys(batch["seeds"], batch["gen_index"])
     temp, top_p, top_k = batch["temperature"], batch["top_p"], batch["top_k"]
@@ -167,49 +163,70 @@ def _verify_step(params, k_all, v_all, batch, *, cfg, layout, plan, unroll=1):
     if layout.n_pre:
         pre = sample_tokens(logits[nd * q:], keys[nd * q:], temp[nd * q:], top_p[nd * q:],
                             top_k[nd * q:])
-    return k_all, v_all, res, pre
+    return kv_all, res, pre
 
 
-@functools.partial(jax.jit, donate_argnames=("k_all", "v_all"))
-def _move_slots(k_all, v_all, src, dst):
-    L, H, P, S, D = k_all.shape
-    kf, vf = k_all.reshape(L, H, P * S, D), v_all.reshape(L, H, P * S, D)
-    kf = kf.at[:, :, dst].set(kf[:, :, src])
-    vf = vf.at[:, :, dst].set(vf[:, :, src])
-    return kf.reshape(L, H, P, S, D), vf.reshape(L, H, P, S, D)
+STEP_STATIC = {_sample_step: ("cfg", "layout", "plan", "num_top"),
+               _verify_step: ("cfg", "layout", "plan")}
+# optional static arguments: `unroll`, the layer scan's unroll (compiled cost analyses count a
+# loop body once)
+STEP_OPTIONAL = ("unroll",)
 
 
-@functools.partial(jax.jit, donate_argnames=("k_all", "v_all"))
-def _copy_pages(k_all, v_all, src, dst):
-    return k_all.at[:, :, dst].set(k_all[:, :, src]), v_all.at[:, :, dst].set(v_all[:, :, src])
+def cache_format(sharding) -> Format:
+    """The cache's pinned device format: row-major [L, P, S, C, D] with `sharding`."""
+    return Format(DeviceLayout(major_to_minor=(0, 1, 2, 3, 4)), sharding)
 
 
-@functools.partial(jax.jit, donate_argnames=("k_all", "v_all"))
-def _write_pages(k_all, v_all, pages, k_new, v_new):
-    return k_all.at[:, :, pages].set(k_new), v_all.at[:, :, pages].set(v_new)
+def step_jit(fn, kv_format: Format, params, replicated, **static):
+    """`fn` (`_sample_step` / `_verify_step`) with its static arguments bound, jitted with the
+    cache donated and its format pinned on the way in and out; params keep their shardings,
+    batch inputs and the other outputs are `replicated`. Call it as f(params, kv_all, batch)."""
+    if not set(STEP_STATIC[fn]) <= set(static) <= set(STEP_STATIC[fn] + STEP_OPTIONAL):
+        raise TypeError(f"{fn.__name__} takes static {STEP_STATIC[fn]} (optional "
+                        f"{STEP_OPTIONAL}), got {tuple(static)}")
+    param_sh = jax.tree.map(lambda x: x.sharding, params)
+    return jax.jit(functools.partial(fn, **static), donate_argnums=(1,),
+                   in_shardings=(param_sh, kv_format, replicated),
+                   out_shardings=(kv_format,) + (replicated,) * (3 if fn is _sample_step else 2))
 
 
-@jax.jit
-def _read_pages(k_all, v_all, pages):
-    return k_all[:, :, pages], v_all[:, :, pages]
+def _move_slots(kv_all, src, dst):
+    L, P, S, C, D = kv_all.shape
+    flat = kv_all.reshape(L, P * S, C, D)
+    return flat.at[:, dst].set(flat[:, src]).reshape(L, P, S, C, D)
+
+
+def _copy_pages(kv_all, src, dst):
+    return kv_all.at[:, dst].set(kv_all[:, src])
+
+
+def _write_pages(kv_all, pages, kv_new):
+    return kv_all.at[:, pages].set(kv_new)
+
+
+def _read_pages(kv_all, pages):
+    return kv_all[:, pages]
 
 
 def cache_shape(cfg: ModelConfig, plan: AttentionPlan, num_pages: int,
                 page_size: int) -> tuple[int, ...]:
-    """Shape of each of the K and V caches: [L, Hkv * kv_repeat, P, S, D]."""
-    return (cfg.num_layers, cfg.num_kv_heads * plan.kv_repeat, num_pages, page_size,
-            cfg.head_dim)
+    """Shape of the KV cache: [L, P, S, 2 * Hkv * kv_repeat, D]."""
+    return kv_cache_shape(cfg.num_layers, num_pages, page_size,
+                          cfg.num_kv_heads * plan.kv_repeat, cfg.head_dim)
 
 
 def cache_sharding(mesh: Mesh, shape: tuple[int, ...]) -> NamedSharding:
-    """The caches' sharding on a mesh: KV heads over tp where they divide, else replicated."""
+    """The cache's sharding on a mesh: KV heads (the interleaved K/V axis, whole heads per
+    shard) over tp where they divide, else replicated."""
     tp = mesh.shape.get("tp", 1)
-    return NamedSharding(mesh, PartitionSpec(None, "tp" if shape[1] % tp == 0 else None))
+    return NamedSharding(mesh, PartitionSpec(None, None, None,
+                                             "tp" if shape[3] // 2 % tp == 0 else None))
 
 
 def step_function(kind: str):
-    """The jitted step: "sample" (decode and prefill rows sampled) or "verify" (the decode
-    region verifies draft trees)."""
+    """The step function: "sample" (decode and prefill rows sampled) or "verify" (the decode
+    region verifies draft trees); jit it with `step_jit`."""
     return {"sample": _sample_step, "verify": _verify_step}[kind]
 
 
@@ -243,10 +260,21 @@ class ModelRunner:
         shape = cache_shape(cfg, self.plan, num_pages, page_size)
         if mesh is not None:
             sharding = cache_sharding(mesh, shape)
-            zeros = jax.jit(lambda: jnp.zeros(shape, dtype), out_shardings=sharding)
-            self.k_all, self.v_all = zeros(), zeros()
         else:
-            self.k_all, self.v_all = jnp.zeros(shape, dtype), jnp.zeros(shape, dtype)
+            sharding = SingleDeviceSharding(jax.devices()[0])
+        self.kv_format = cache_format(sharding)
+        self._batch_sharding = (NamedSharding(mesh, PartitionSpec()) if mesh is not None
+                                else sharding)
+        fmt, rep = self.kv_format, self._batch_sharding
+        self.kv_all = jax.jit(lambda: jnp.zeros(shape, dtype), out_shardings=fmt)()
+        # cache maintenance, all in place (donated) and format-pinned like the steps
+        self._move_slots = jax.jit(_move_slots, donate_argnums=0, in_shardings=(fmt, rep, rep),
+                                   out_shardings=fmt)
+        self._copy_pages = jax.jit(_copy_pages, donate_argnums=0, in_shardings=(fmt, rep, rep),
+                                   out_shardings=fmt)
+        self._write_pages = jax.jit(_write_pages, donate_argnums=0, in_shardings=(fmt, rep, rep),
+                                    out_shardings=fmt)
+        self._read_pages = jax.jit(_read_pages, in_shardings=(fmt, rep), out_shardings=rep)
 
     def device_input(self, x, dtype=None) -> jax.Array:
         """A host array as a step input: on this process's default device, or replicated over a
@@ -269,19 +297,25 @@ class ModelRunner:
         goes to `compile_s`, not to the step), shared by every runner with the same shapes and
         shardings."""
         key = (fn.__name__, tuple(sorted(static.items())), tuple(sorted((k, v.shape) for k, v in dev.items())),
-               self.k_all.shape, str(self.k_all.dtype), str(self.k_all.sharding),
-               tuple(sorted(d.id for d in self.k_all.sharding.device_set)))
+               self.kv_all.shape, str(self.kv_all.dtype), str(self.kv_all.sharding),
+               tuple(sorted(d.id for d in self.kv_all.sharding.device_set)))
         exe = _EXECUTABLES.get(key)
         if exe is not None:
             _EXECUTABLES.move_to_end(key)
         else:
             t0 = time.perf_counter()
-            exe = fn.lower(self.params, self.k_all, self.v_all, dev, **static).compile()
+            exe = self.lower_step(fn, dev, **static).compile()
             self.compile_s += time.perf_counter() - t0
             _EXECUTABLES[key] = exe
             while len(_EXECUTABLES) > MAX_EXECUTABLES:
                 _EXECUTABLES.popitem(last=False)
         return exe
+
+    def lower_step(self, fn, dev: dict, **static):
+        """`fn` (`_sample_step` / `_verify_step`) lowered for this runner's params, cache (format
+        pinned, donated) and the device batch `dev` (arrays or ShapeDtypeStructs)."""
+        jitted = step_jit(fn, self.kv_format, self.params, self._batch_sharding, **static)
+        return jitted.lower(self.params, self.kv_all, dev)
 
     def sample(self, batch: StepBatch, num_top: int = 0):
         """Run a step and sample one token per row; host arrays (tokens [rows], logprobs
@@ -293,8 +327,7 @@ class ModelRunner:
         exe = self._executable(_sample_step, dev, cfg=self.cfg, layout=layout, plan=self.plan,
                                num_top=num_top)
         t2 = time.perf_counter()
-        self.k_all, self.v_all, toks, lps, top = jax.block_until_ready(
-            exe(self.params, self.k_all, self.v_all, dev))
+        self.kv_all, toks, lps, top = jax.block_until_ready(exe(self.params, self.kv_all, dev))
         t3 = time.perf_counter()
         toks, lps = to_host(toks), to_host(lps)
         if top is not None:
@@ -311,8 +344,7 @@ class ModelRunner:
         t1 = time.perf_counter()
         exe = self._executable(_verify_step, dev, cfg=self.cfg, layout=layout, plan=self.plan)
         t2 = time.perf_counter()
-        self.k_all, self.v_all, res, pre = jax.block_until_ready(
-            exe(self.params, self.k_all, self.v_all, dev))
+        self.kv_all, res, pre = jax.block_until_ready(exe(self.params, self.kv_all, dev))
         t3 = time.perf_counter()
         out = (to_host(res.tokens), to_host(res.logprobs), to_host(res.num_accepted),
                to_host(res.accepted_nodes))
@@ -324,23 +356,23 @@ class ModelRunner:
         """Copy the K/V at cache slots src to slots dst (all layers): compacts an accepted tree
         path into consecutive positions."""
         if src:
-            self.k_all, self.v_all = _move_slots(self.k_all, self.v_all,
-                                                 self.device_input(src, jnp.int32),
-                                                 self.device_input(dst, jnp.int32))
+            self.kv_all = self._move_slots(self.kv_all, self.device_input(src, jnp.int32),
+                                           self.device_input(dst, jnp.int32))
 
     def copy_pages(self, pairs: list[tuple[int, int]]) -> None:
         if not pairs:
             return
         src = self.device_input([p[0] for p in pairs], jnp.int32)
         dst = self.device_input([p[1] for p in pairs], jnp.int32)
-        self.k_all, self.v_all = _copy_pages(self.k_all, self.v_all, src, dst)
+        self.kv_all = self._copy_pages(self.kv_all, src, dst)
 
     def read_kv(self, pages: list[int], num_tokens: int) -> tuple[np.ndarray, np.ndarray]:
         """Host copies [num_layers, num_kv_heads, num_tokens, head_dim] of a page table's tokens."""
-        k, v = _read_pages(self.k_all, self.v_all, self.device_input(pages, jnp.int32))
-        L, H, P, S, D = k.shape
-        k = to_host(k).reshape(L, H, P * S, D)[:, :: self.kv_repeat, :num_tokens]
-        v = to_host(v).reshape(L, H, P * S, D)[:, :: self.kv_repeat, :num_tokens]
+        kv = to_host(self._read_pages(self.kv_all, self.device_input(pages, jnp.int32)))
+        L, P, S, C, D = kv.shape
+        k, v = split_kv(kv.reshape(L, P * S, C, D)[:, :num_tokens])  # [L, n, Hkv_cache, D]
+        k = np.ascontiguousarray(k[:, :, :: self.kv_repeat].transpose(0, 2, 1, 3))
+        v = np.ascontiguousarray(v[:, :, :: self.kv_repeat].transpose(0, 2, 1, 3))
         return k, v
 
     def write_kv(self, pages: list[int], k: np.ndarray, v: np.ndarray) -> None:
@@ -350,9 +382,7 @@ class ModelRunner:
         L, H, n, D = k.shape
         S = self.page_size
         pad = len(pages) * S - n
-        k = np.pad(k, ((0, 0), (0, 0), (0, pad), (0, 0))).reshape(L, H, len(pages), S, D)
-        v = np.pad(v, ((0, 0), (0, 0), (0, pad), (0, 0))).reshape(L, H, len(pages), S, D)
-        dtype = self.k_all.dtype
-        self.k_all, self.v_all = _write_pages(self.k_all, self.v_all,
-                                              self.device_input(pages, jnp.int32),
-                                              self.device_input(k, dtype), self.device_input(v, dtype))
+        kv = interleave_kv(k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3))  # [L, n, 2H, D]
+        kv = np.pad(kv, ((0, 0), (0, pad), (0, 0), (0, 0))).reshape(L, len(pages), S, 2 * H, D)
+        self.kv_all = self._write_pages(self.kv_all, self.device_input(pages, jnp.int32),
+                                        self.device_input(kv, self.kv_all.dtype))

@@ -11,8 +11,7 @@ from seer_jax.pallas.checks import check_attention_inputs, resolve_impl
 
 def ragged_paged_attention(
     q: jax.Array,
-    k_pages: jax.Array,
-    v_pages: jax.Array,
+    kv_pages: jax.Array,
     kv_lens: jax.Array,
     page_indices: jax.Array,
     cu_q_lens: jax.Array,
@@ -33,8 +32,9 @@ def ragged_paged_attention(
 
     Args:
       q: [num_tokens, num_q_heads, head_dim] packed queries of all sequences, in order.
-      k_pages, v_pages: [num_kv_heads, total_pages, page_size, head_dim] (new tokens already
-        written, see `write_kv`).
+      kv_pages: [total_pages, page_size, 2 * num_kv_heads, head_dim], K and V interleaved per
+        KV head (K of head h at 2h, V at 2h + 1; see `seer_jax.pallas.kv_layout`), new tokens
+        already written (see `write_kv`).
       kv_lens: [max_seqs] int32, each sequence's length *including* its query tokens.
       page_indices: [max_seqs, pages_per_seq] int32 page table.
       cu_q_lens: [max_seqs + 1] int32 cumulative query lengths (cu_q_lens[0] = 0).
@@ -50,10 +50,10 @@ def ragged_paged_attention(
         "gpu" the generic Pallas interpreter.
       max_q_len: static upper bound of any sequence's q_len (reference only; speeds it up).
       block_q, pages_per_block, num_kv_splits: kernel tiling (None = defaults).
-      layer: with it, k_pages/v_pages are a whole multi-layer cache
-        [num_layers, num_kv_heads, total_pages, page_size, head_dim] and layer (int or traced
+      layer: with it, kv_pages is a whole multi-layer cache
+        [num_layers, total_pages, page_size, 2 * num_kv_heads, head_dim] and layer (int or traced
         int32 scalar) picks one; the kernels read that layer's pages in place (no per-layer copy
-        of the pool, which slicing `k_all[layer]` inside a layer scan would cost).
+        of the pool, which slicing `kv_all[layer]` inside a layer scan would cost).
 
     The query tokens of a sequence are its last q_len positions: token i sits at position
     kv_len - q_len + i and attends causally (or along its tree path) to positions <= its own.
@@ -61,34 +61,31 @@ def ragged_paged_attention(
     if tree_parents is not None and tree_mask is not None:
         raise InputError("pass tree_parents or its alias tree_mask, not both")
     tree_parents = tree_mask if tree_parents is None else tree_parents
-    k_view, v_view = k_pages, v_pages
+    kv_view = kv_pages
     if layer is not None:
-        if k_pages.ndim != 5 or k_pages.shape != v_pages.shape:
-            raise InputError("with layer, k_pages/v_pages must both be [num_layers, num_kv_heads, "
-                             f"total_pages, page_size, head_dim], got {k_pages.shape}, "
-                             f"{v_pages.shape}")
-        k_view = jax.ShapeDtypeStruct(k_pages.shape[1:], k_pages.dtype)
-        v_view = jax.ShapeDtypeStruct(v_pages.shape[1:], v_pages.dtype)
-    check_attention_inputs(q, k_view, v_view, kv_lens, page_indices, cu_q_lens, num_seqs,
-                           tree_parents)
+        if kv_pages.ndim != 5:
+            raise InputError("with layer, kv_pages must be [num_layers, total_pages, page_size, "
+                             f"2 * num_kv_heads, head_dim], got {kv_pages.shape}")
+        kv_view = jax.ShapeDtypeStruct(kv_pages.shape[1:], kv_pages.dtype)
+    check_attention_inputs(q, kv_view, kv_lens, page_indices, cu_q_lens, num_seqs, tree_parents)
     which = resolve_impl(impl)
     if which == "reference":
         return ragged_paged_attention_reference(
-            q, k_pages, v_pages, kv_lens, page_indices, cu_q_lens, num_seqs,
+            q, kv_pages, kv_lens, page_indices, cu_q_lens, num_seqs,
             sm_scale=sm_scale, tree_parents=tree_parents, max_q_len=max_q_len, layer=layer,
         )
     if which == "tpu":
         from seer_jax.pallas.attention_tpu import ragged_paged_attention_tpu
 
         return ragged_paged_attention_tpu(
-            q, k_pages, v_pages, kv_lens, page_indices, cu_q_lens, num_seqs,
+            q, kv_pages, kv_lens, page_indices, cu_q_lens, num_seqs,
             sm_scale=sm_scale, tree_parents=tree_parents, interpret=interpret,
             block_q=block_q, pages_per_block=pages_per_block, layer=layer,
         )
     from seer_jax.pallas.attention_gpu import ragged_paged_attention_gpu
 
     return ragged_paged_attention_gpu(
-        q, k_pages, v_pages, kv_lens, page_indices, cu_q_lens, num_seqs,
+        q, kv_pages, kv_lens, page_indices, cu_q_lens, num_seqs,
         sm_scale=sm_scale, tree_parents=tree_parents, interpret=interpret,
         block_q=block_q, pages_per_block=pages_per_block, num_kv_splits=num_kv_splits,
         layer=layer,

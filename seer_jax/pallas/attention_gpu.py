@@ -8,8 +8,9 @@ online softmax in registers. Each split writes its un-normalised accumulator and
 wrapper merges the splits (split-K / flash-decoding), which keeps the GPU busy for decode batches
 where there are few q blocks. q, K and V stay in the cache dtype for the tensor cores (bf16 dots
 accumulate in f32; f32 caches use full-precision dots, no TF32). The pool may be one layer
-[Hkv, P, S, D] or the whole cache [L, Hkv, P, S, D] with a layer index read inside the kernel,
-so the engine's layer scan never slices a layer out. Pointer offsets are 64-bit whenever an
+[P, S, 2 * Hkv, D] or the whole cache [L, P, S, 2 * Hkv, D] (see `kv_layout`) with a layer index
+read inside the kernel, so the engine's layer scan never slices a layer out; a program reads its
+head's K (combined head 2h) and V (2h + 1) rows by strided pointer loads. Pointer offsets are 64-bit whenever an
 array exceeds 4 GiB (the Triton lowering picks the width per array). Row metadata and the tree mask are shared with the TPU kernel.
 """
 
@@ -23,7 +24,9 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 
 from seer_jax.errors import InputError
-from seer_jax.pallas.attention_tpu import pool_5d, prepare, unfold
+from seer_jax.pallas.attention_tpu import prepare, unfold
+from seer_jax.pallas.cost_estimates import attention_cost
+from seer_jax.pallas.kv_layout import pool_5d
 from seer_jax.pallas.limits import gpu_attention_problem, pow2
 from seer_jax.pallas.tree import KERNEL_TREE_WINDOW
 
@@ -33,8 +36,8 @@ NEG = -1e30
 def _kernel(
     q_ref,  # [rows, D]
     meta_ref,  # [rows, 4]
-    k_ref,  # [L, total_pages, page_size, D] (this KV head, every layer)
-    v_ref,
+    k_ref,  # [L, total_pages, page_size, D] (this KV head's K, every layer)
+    v_ref,  # [L, total_pages, page_size, D] (its V)
     layer_ref,  # [1]
     pages_ref,  # [max_seqs, pages_per_seq_padded]
     kv_lens_ref,  # [max_seqs]
@@ -116,7 +119,7 @@ def _kernel(
 
 
 def ragged_paged_attention_gpu(
-    q, k_pages, v_pages, kv_lens, page_indices, cu_q_lens, num_seqs, *,
+    q, kv_pages, kv_lens, page_indices, cu_q_lens, num_seqs, *,
     sm_scale: float | None = None,
     tree_parents: jax.Array | None = None,
     interpret: bool = False,
@@ -129,14 +132,15 @@ def ragged_paged_attention_gpu(
 ) -> jax.Array:
     """GPU (Triton) kernel; same contract as `seer_jax.pallas.ragged_paged_attention`.
 
-    k_pages/v_pages: [Hkv, P, S, D], or the whole cache [L, Hkv, P, S, D] with `layer`.
+    kv_pages: [P, S, 2 * Hkv, D], or the whole cache [L, P, S, 2 * Hkv, D] with `layer`.
 
     num_kv_splits: KV splits per (q block, head) merged afterwards; default 4 for decode-like
     batches (num_tokens <= 2 * max_seqs), else 1.
     """
-    k5, v5, layer_arr = pool_5d(k_pages, v_pages, layer)
+    kv5, layer_arr = pool_5d(kv_pages, layer)
     num_tokens, num_q_heads, head_dim = q.shape
-    num_layers, num_kv_heads, total_pages, page_size, _ = k5.shape
+    num_layers, total_pages, page_size, combined, _ = kv5.shape
+    num_kv_heads = combined // 2
     max_seqs, pages_per_seq = page_indices.shape
     problem = gpu_attention_problem(head_dim=head_dim, page_size=page_size)
     if problem:
@@ -150,8 +154,8 @@ def ragged_paged_attention_gpu(
         num_kv_splits = 4 if num_tokens <= 2 * max_seqs else 1
     scale = head_dim**-0.5 if sm_scale is None else float(sm_scale)
     q_rows, meta, kv, bad_tok, blk_lo, blk_hi, tp, gp = prepare(
-        q, jax.ShapeDtypeStruct(k5.shape[1:], k5.dtype), kv_lens, page_indices, cu_q_lens,
-        num_seqs, tree_parents, block_q, group_pad=gp)
+        q, num_kv_heads, page_size, kv_lens, page_indices, cu_q_lens, num_seqs, tree_parents,
+        block_q, group_pad=gp)
     rows = block_q * gp
     num_blocks = tp // block_q
     pps_pad = -(-pages_per_seq // pages_per_block) * pages_per_block
@@ -164,8 +168,10 @@ def ragged_paged_attention_gpu(
         has_tree=tree_parents is not None,
     )
     full = lambda shape: pl.BlockSpec(shape, lambda b, h, s: (0,) * len(shape))
-    pool = pl.BlockSpec((num_layers, None, total_pages, page_size, head_dim),
-                        lambda b, h, s: (0, h, 0, 0, 0))
+    def pool(which: int):  # which 0: K (combined head 2h), 1: V (2h + 1)
+        return pl.BlockSpec((num_layers, total_pages, page_size, None, head_dim),
+                            lambda b, h, s: (0, 0, 0, 2 * h + which, 0))
+
     n_rows = tp * gp
     o, m, den = pl.pallas_call(
         kernel,
@@ -173,8 +179,8 @@ def ragged_paged_attention_gpu(
         in_specs=[
             pl.BlockSpec((None, rows, head_dim), lambda b, h, s: (h, b, 0)),
             pl.BlockSpec((rows, 4), lambda b, h, s: (b, 0)),
-            pool,
-            pool,
+            pool(0),
+            pool(1),
             full((1,)),
             full(pages.shape),
             full(kv.shape),
@@ -193,9 +199,14 @@ def ragged_paged_attention_gpu(
             jax.ShapeDtypeStruct((num_kv_splits, num_kv_heads, n_rows), jnp.float32),
         ],
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
+        cost_estimate=attention_cost(
+            num_tokens=num_tokens, num_q_heads=num_q_heads, num_kv_heads=num_kv_heads,
+            head_dim=head_dim, dtype_bytes=kv5.dtype.itemsize, q_bytes=q.dtype.itemsize,
+            max_seqs=max_seqs, pages_per_seq=pages_per_seq, page_size=page_size,
+            total_pages=total_pages, block_q=block_q),
         interpret=interpret,
         name="seer_ragged_paged_attention_gpu",
-    )(q_rows, meta, k5, v5, layer_arr, pages, kv, cu, blk_lo, blk_hi)
+    )(q_rows, meta, kv5, kv5, layer_arr, pages, kv, cu, blk_lo, blk_hi)
     # Merge the KV splits.
     m_all = jnp.max(m, axis=0)
     w = jnp.exp(m - m_all[None])

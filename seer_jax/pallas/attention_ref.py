@@ -1,7 +1,7 @@
 """Pure-jnp ragged paged attention (the reference every kernel is tested against).
 
 Sequence-major: each sequence's pages are gathered once through its page-table row
-([num_kv_heads, max_seqs, pages_per_seq * page_size, head_dim]), its queries are gathered into
+([max_seqs, pages_per_seq * page_size, 2 * num_kv_heads, head_dim], K and V interleaved), its queries are gathered into
 [max_seqs, max_q_len] slots, and a masked dense softmax runs per sequence. The cost is
 max_seqs * max_q_len * pages_per_seq * page_size, so pass `max_q_len` (static) when the batch is
 known to be decode/verify only; the default (num_tokens) is always correct.
@@ -12,13 +12,13 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from seer_jax.pallas.kv_layout import split_kv
 from seer_jax.pallas.tree import TokenForest, token_seq_ids
 
 
 def ragged_paged_attention_reference(
     q: jax.Array,  # [num_tokens, num_q_heads, head_dim]
-    k_pages: jax.Array,  # [num_kv_heads, total_pages, page_size, head_dim]
-    v_pages: jax.Array,  # [num_kv_heads, total_pages, page_size, head_dim]
+    kv_pages: jax.Array,  # [total_pages, page_size, 2 * num_kv_heads, head_dim]
     kv_lens: jax.Array,  # [max_seqs] int32, includes the new tokens
     page_indices: jax.Array,  # [max_seqs, pages_per_seq] int32
     cu_q_lens: jax.Array,  # [max_seqs + 1] int32
@@ -27,7 +27,7 @@ def ragged_paged_attention_reference(
     sm_scale: float | None = None,
     tree_parents: jax.Array | None = None,  # [num_tokens] int32, see seer_jax.pallas.tree
     max_q_len: int | None = None,
-    layer: jax.Array | int | None = None,  # with a [L, Hkv, P, S, D] cache: the layer to read
+    layer: jax.Array | int | None = None,  # with a [L, P, S, 2*Hkv, D] cache: the layer
 ) -> jax.Array:
     """Attention of packed ragged queries over paged K/V -> [num_tokens, num_q_heads, head_dim].
 
@@ -35,7 +35,8 @@ def ragged_paged_attention_reference(
     capacity (or is below its q_len) gets NaN rows, so a bad batch can never pass silently.
     """
     num_tokens, num_q_heads, head_dim = q.shape
-    num_kv_heads, total_pages, page_size, _ = k_pages.shape[-4:]
+    total_pages, page_size, combined, _ = kv_pages.shape[-4:]
+    num_kv_heads = combined // 2
     max_seqs, pages_per_seq = page_indices.shape
     group = num_q_heads // num_kv_heads
     qm = num_tokens if max_q_len is None else max(1, min(int(max_q_len), num_tokens))
@@ -59,17 +60,13 @@ def ragged_paged_attention_reference(
 
     # K/V of each sequence through its page-table row.
     pages = jnp.clip(page_indices, 0, total_pages - 1)
-    if layer is None:
-        k_s, v_s = k_pages[:, pages], v_pages[:, pages]
-    else:  # gather from the whole cache; advanced indices come first -> [S, pps, Hkv, ...]
-        k_s = jnp.moveaxis(k_pages[layer, :, pages], 2, 0)
-        v_s = jnp.moveaxis(v_pages[layer, :, pages], 2, 0)
-    k_s = k_s.reshape(num_kv_heads, max_seqs, kv_cap, head_dim)
-    v_s = v_s.reshape(num_kv_heads, max_seqs, kv_cap, head_dim)
+    kv_s = kv_pages[pages] if layer is None else kv_pages[layer, pages]  # [S, pps, ps, C, D]
+    kv_s = kv_s.reshape(max_seqs, kv_cap, 2 * num_kv_heads, head_dim)
+    k_s, v_s = split_kv(kv_s)  # [S, L, Hkv, D]
     kpos = jnp.arange(kv_cap, dtype=jnp.int32)
     k_valid = kpos[None, :] < kv_lens[:, None]  # [S, L]
     # Zero what lies beyond kv_len: stale or NaN slots must not leak through 0 * NaN.
-    v_s = jnp.where(k_valid[None, :, :, None], v_s, 0).astype(jnp.float32)
+    v_s = jnp.where(k_valid[:, :, None, None], v_s, 0).astype(jnp.float32)
     k_s = k_s.astype(jnp.float32)
 
     qpos = ctx[:, None] + slot[None, :]  # [S, qm]
@@ -89,7 +86,7 @@ def ragged_paged_attention_reference(
         tree_ok = (rel[:, None, :] < 0) | (in_q[:, None, :] & anc_l)
         mask = mask & tree_ok
 
-    s = jnp.einsum("sqkgd,ksld->skgql", q_s, k_s) * scale  # [S, Hkv, G, qm, L]
+    s = jnp.einsum("sqkgd,slkd->skgql", q_s, k_s) * scale  # [S, Hkv, G, qm, L]
     m4 = mask[:, None, None, :, :]
     s = jnp.where(m4, s, -jnp.inf)
     row_max = jnp.max(s, axis=-1, keepdims=True)
@@ -97,7 +94,7 @@ def ragged_paged_attention_reference(
     p = jnp.where(m4, jnp.exp(s - row_max), 0.0)
     denom = jnp.sum(p, axis=-1, keepdims=True)
     p = p / jnp.where(denom > 0, denom, 1.0)
-    o = jnp.einsum("skgql,ksld->sqkgd", p, v_s)  # [S, qm, Hkv, G, D]
+    o = jnp.einsum("skgql,slkd->sqkgd", p, v_s)  # [S, qm, Hkv, G, D]
     o = jnp.where(bad_seq[:, None, None, None, None], jnp.nan, o)
     o = o.reshape(max_seqs, qm, num_q_heads, head_dim)
 

@@ -1,17 +1,20 @@
 """TPU Pallas (Mosaic) ragged paged attention.
 
-Grid (num_kv_heads, num_q_blocks). A q block is `block_q` packed tokens x the `group` query heads
-of one KV head, folded into `block_q * group` rows (token-major), so GQA shares every K/V page
-fetch. The page table, kv_lens, cu_q_lens and each block's sequence range come in by scalar
-prefetch (SMEM). K/V stay in HBM (`pl.ANY`); for each sequence overlapping the block the kernel
-streams its pages, `pages_per_block` at a time, by async DMA into a double-buffered VMEM scratch
-(the next block's DMAs are in flight while the current one is multiplied), with an online
-softmax in f32 scratch. q, K and V stay in the cache dtype for the MXU (bf16 x bf16 with f32
-accumulation). The pool may be one layer [Hkv, P, S, D] or the whole cache [L, Hkv, P, S, D]
-with a layer index (scalar prefetch): the DMAs then read the layer's pages straight out of the
-full cache, so the engine's layer scan never slices (copies) a layer out. Only the pages a block's causal window needs are fetched; padding
-sequences (>= num_seqs) and tokens cost nothing. Per-row metadata (sequence id, query position,
-visible prefix, tree-window bits) is precomputed by the wrapper (see `tree.kernel_tree_mask`).
+Grid (num_q_blocks,). A q block is `block_q` packed tokens; for each KV head its `group` query
+heads are folded into `block_q * group` rows (token-major), so GQA shares every K/V fetch. The
+page table, kv_lens, cu_q_lens and each block's sequence range come in by scalar prefetch (SMEM).
+The cache ([P, S, 2 * Hkv, D] or the whole [L, P, S, 2 * Hkv, D] with a layer index, see
+`kv_layout`) stays in HBM (`pl.ANY`); for each sequence overlapping the block the kernel streams
+its pages, `pages_per_block` at a time, by async DMA into a double-buffered VMEM scratch (the
+next block's DMAs are in flight while the current one is multiplied). One DMA copies a whole
+page, every KV head's K and V, so each page is read once per q block; the kernel then takes each
+head's K and V rows out of VMEM (strided sublane loads) and runs an online softmax per head in
+f32 scratch. q, K and V stay in the cache dtype for the MXU (bf16 x bf16 with f32 accumulation).
+With a layer index the DMAs read the layer's pages straight out of the full cache, so the
+engine's layer scan never slices (copies) a layer out. Only the pages a block's causal window
+needs are fetched; padding sequences (>= num_seqs) and tokens cost nothing. Per-row metadata
+(sequence id, query position, visible prefix, tree-window bits) is precomputed by the wrapper
+(see `tree.kernel_tree_mask`).
 """
 
 from __future__ import annotations
@@ -24,7 +27,9 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from seer_jax.errors import InputError
-from seer_jax.pallas.limits import tpu_attention_problem, tpu_block_q
+from seer_jax.pallas.cost_estimates import attention_cost
+from seer_jax.pallas.kv_layout import pool_5d
+from seer_jax.pallas.limits import tpu_attention_problem, tpu_block_q, tpu_pages_per_block
 from seer_jax.pallas.tree import KERNEL_TREE_WINDOW, kernel_tree_mask, token_seq_ids
 
 NEG = -1e30
@@ -39,19 +44,17 @@ def _kernel(
     blk_lo_ref,  # [num_blocks]
     blk_hi_ref,  # [num_blocks]
     # inputs
-    q_ref,  # [rows, D] (VMEM block)
+    q_ref,  # [Hkv, rows, D] (VMEM block)
     meta_ref,  # [rows, 4] int32: seq, qpos, vis_end, bits
-    k_hbm,  # [L, Hkv, total_pages, page_size, D] (HBM)
-    v_hbm,
+    kv_hbm,  # [L, total_pages, page_size, 2 * Hkv, D] (HBM)
     # output
-    o_ref,  # [rows, D]
+    o_ref,  # [Hkv, rows, D]
     # scratch
-    k_buf,  # [2, pages_per_block * page_size, D]
-    v_buf,
-    sems,  # DMA [2 slots, 2 (k, v)]
-    m_ref,  # [rows, 1] f32
-    l_ref,  # [rows, 1] f32
-    acc_ref,  # [rows, D] f32
+    kv_buf,  # [2, pages_per_block * page_size, 2 * Hkv, D]
+    sems,  # DMA [2 slots]
+    m_ref,  # [Hkv, rows, 1] f32
+    l_ref,  # [Hkv, rows, 1] f32
+    acc_ref,  # [Hkv, rows, D] f32
     *,
     sm_scale: float,
     block_q: int,
@@ -60,48 +63,35 @@ def _kernel(
     pages_per_seq: int,
     has_tree: bool,
 ):
-    h = pl.program_id(0)
-    b = pl.program_id(1)
+    b = pl.program_id(0)
     layer = layer_ref[0]
+    num_kv_heads = q_ref.shape[0]
     kv_blk = pages_per_block * page_size
     m_ref[...] = jnp.full(m_ref.shape, NEG, jnp.float32)
     l_ref[...] = jnp.zeros(l_ref.shape, jnp.float32)
     acc_ref[...] = jnp.zeros(acc_ref.shape, jnp.float32)
-    q = (q_ref[...].astype(jnp.float32) * sm_scale).astype(k_buf.dtype)  # MXU dtype
     meta = meta_ref[...]
     row_seq, row_qpos, row_vis, row_bits = (meta[:, i: i + 1] for i in range(4))
 
     def copies(seq, kb, slot, n_pages):
-        """(valid, k_copy, v_copy) per page of kv block kb of sequence seq."""
+        """(valid, copy) per page of kv block kb of sequence seq: all heads' K and V."""
         out = []
         for i in range(pages_per_block):
             page_no = kb * pages_per_block + i
             valid = page_no < n_pages
             page = pages_ref[seq * pages_per_seq + jnp.minimum(page_no, pages_per_seq - 1)]
             dst = pl.ds(i * page_size, page_size)
-            out.append((
-                valid,
-                pltpu.make_async_copy(k_hbm.at[layer, h, page], k_buf.at[slot, dst],
-                                      sems.at[slot, 0]),
-                pltpu.make_async_copy(v_hbm.at[layer, h, page], v_buf.at[slot, dst],
-                                      sems.at[slot, 1]),
-            ))
+            out.append((valid, pltpu.make_async_copy(kv_hbm.at[layer, page], kv_buf.at[slot, dst],
+                                                     sems.at[slot])))
         return out
 
-    def _both(ck, cv, method: str):
-        def run():
-            getattr(ck, method)()
-            getattr(cv, method)()
-
-        return run
-
     def start(seq, kb, slot, n_pages):
-        for valid, ck, cv in copies(seq, kb, slot, n_pages):
-            pl.when(valid)(_both(ck, cv, "start"))
+        for valid, cp in copies(seq, kb, slot, n_pages):
+            pl.when(valid)(cp.start)
 
     def wait(seq, kb, slot, n_pages):
-        for valid, ck, cv in copies(seq, kb, slot, n_pages):
-            pl.when(valid)(_both(ck, cv, "wait"))
+        for valid, cp in copies(seq, kb, slot, n_pages):
+            pl.when(valid)(cp.wait)
 
     def per_seq(seq, carry):
         kv_len = kv_lens_ref[seq]
@@ -126,12 +116,7 @@ def _kernel(
                 start(seq, kb + 1, 1 - slot, n_pages)
 
             wait(seq, kb, slot, n_pages)
-            k = k_buf[slot]  # [kv_blk, D] cache dtype
-            v = v_buf[slot]
             kpos_col = kb * kv_blk + jax.lax.broadcasted_iota(jnp.int32, (kv_blk, 1), 0)
-            v = jnp.where(kpos_col < kv_end, v, jnp.zeros_like(v))  # stale / NaN never leak
-            s = jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())),
-                                    preferred_element_type=jnp.float32)  # [rows, kv_blk]
             kpos = kb * kv_blk + jax.lax.broadcasted_iota(jnp.int32, (1, kv_blk), 1)
             vis = kpos < row_vis
             if has_tree:
@@ -139,15 +124,24 @@ def _kernel(
                 in_win = (back >= 0) & (back < KERNEL_TREE_WINDOW)
                 bit = (row_bits >> jnp.clip(back, 0, KERNEL_TREE_WINDOW - 1)) & 1
                 vis = vis | (in_win & (bit == 1))
-            mask = (row_seq == seq) & vis & (kpos < kv_end)
-            m_prev = m_ref[...]
-            m_new = jnp.maximum(m_prev, jnp.max(jnp.where(mask, s, NEG), axis=1, keepdims=True))
-            p = jnp.where(mask, jnp.exp(s - m_new), 0.0)
-            alpha = jnp.exp(m_prev - m_new)
-            l_ref[...] = alpha * l_ref[...] + jnp.sum(p, axis=1, keepdims=True)
-            acc_ref[...] = alpha * acc_ref[...] + jnp.dot(
-                p.astype(v.dtype), v, preferred_element_type=jnp.float32)
-            m_ref[...] = m_new
+            mask = (row_seq == seq) & vis & (kpos < kv_end)  # [rows, kv_blk], every head
+            buf = kv_buf.at[slot]
+            for h in range(num_kv_heads):
+                k = buf[:, 2 * h, :]  # [kv_blk, D] cache dtype
+                v = buf[:, 2 * h + 1, :]
+                v = jnp.where(kpos_col < kv_end, v, jnp.zeros_like(v))  # stale / NaN never leak
+                q = (q_ref[h].astype(jnp.float32) * sm_scale).astype(k.dtype)  # MXU dtype
+                s = jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())),
+                                        preferred_element_type=jnp.float32)  # [rows, kv_blk]
+                m_prev = m_ref[h]
+                m_new = jnp.maximum(m_prev,
+                                    jnp.max(jnp.where(mask, s, NEG), axis=1, keepdims=True))
+                p = jnp.where(mask, jnp.exp(s - m_new), 0.0)
+                alpha = jnp.exp(m_prev - m_new)
+                l_ref[h] = alpha * l_ref[h] + jnp.sum(p, axis=1, keepdims=True)
+                acc_ref[h] = alpha * acc_ref[h] + jnp.dot(
+                    p.astype(v.dtype), v, preferred_element_type=jnp.float32)
+                m_ref[h] = m_new
             return c
 
         jax.lax.fori_loop(0, n_kb, per_kv_block, 0)
@@ -180,15 +174,14 @@ def block_seq_ranges(cu_q_lens, num_seqs, num_blocks: int, block_q: int):
     return jnp.minimum(lo, n), jnp.minimum(hi, n)
 
 
-def prepare(q, k_pages, kv_lens, page_indices, cu_q_lens, num_seqs, tree_parents, block_q,
-            group_pad: int = 1):
+def prepare(q, num_kv_heads, page_size, kv_lens, page_indices, cu_q_lens, num_seqs,
+            tree_parents, block_q, group_pad: int = 1):
     """Shared wrapper work for both kernels: padded, head-folded q and per-row metadata.
 
     Returns (q_rows [Hkv, Tp*Gp, D], meta [Tp*Gp, 4], kv_lens (clamped), bad_tok [T],
     blk_lo, blk_hi, Tp, Gp).
     """
     num_tokens, num_q_heads, head_dim = q.shape
-    num_kv_heads, _, page_size, _ = k_pages.shape
     max_seqs, pages_per_seq = page_indices.shape
     group = num_q_heads // num_kv_heads
     gp = -(-group // group_pad) * group_pad
@@ -221,20 +214,8 @@ def unfold(o_rows, num_tokens, num_q_heads, group, gp, bad_tok, dtype):
     return jnp.where(bad_tok[:, None, None], jnp.nan, o).astype(dtype)
 
 
-def pool_5d(k_pages, v_pages, layer):
-    """(k, v, layer [1] int32): a [Hkv, P, S, D] pool becomes a one-layer [1, Hkv, P, S, D]."""
-    if k_pages.ndim == 4:
-        if layer is not None:
-            raise InputError("layer is only meaningful with a [L, Hkv, P, S, D] pool")
-        return (k_pages.reshape((1,) + k_pages.shape), v_pages.reshape((1,) + v_pages.shape),
-                jnp.zeros((1,), jnp.int32))
-    if layer is None:
-        raise InputError(f"a 5-D KV pool {k_pages.shape} needs a layer index")
-    return k_pages, v_pages, jnp.asarray(layer, jnp.int32).reshape(1)
-
-
 def ragged_paged_attention_tpu(
-    q, k_pages, v_pages, kv_lens, page_indices, cu_q_lens, num_seqs, *,
+    q, kv_pages, kv_lens, page_indices, cu_q_lens, num_seqs, *,
     sm_scale: float | None = None,
     tree_parents: jax.Array | None = None,
     interpret: bool = False,
@@ -244,25 +225,30 @@ def ragged_paged_attention_tpu(
 ) -> jax.Array:
     """TPU kernel; same contract as `seer_jax.pallas.ragged_paged_attention`.
 
-    k_pages/v_pages: [Hkv, P, S, D], or the whole cache [L, Hkv, P, S, D] with `layer`.
+    kv_pages: [P, S, 2 * Hkv, D], or the whole cache [L, P, S, 2 * Hkv, D] with `layer`.
     interpret=True runs the TPU simulator (`pltpu.InterpretParams()`) on CPU.
     """
-    k5, v5, layer_arr = pool_5d(k_pages, v_pages, layer)
+    kv5, layer_arr = pool_5d(kv_pages, layer)
     num_tokens, num_q_heads, head_dim = q.shape
-    _, num_kv_heads, _, page_size, _ = k5.shape
+    _, total_pages, page_size, combined, _ = kv5.shape
+    num_kv_heads = combined // 2
     max_seqs, pages_per_seq = page_indices.shape
+    dtype_bytes = jnp.dtype(kv5.dtype).itemsize
     problem = tpu_attention_problem(
         num_q_heads=num_q_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
-        page_size=page_size, dtype_bytes=jnp.dtype(k5.dtype).itemsize, max_seqs=max_seqs,
+        page_size=page_size, dtype_bytes=dtype_bytes, max_seqs=max_seqs,
         pages_per_seq=pages_per_seq, num_tokens=num_tokens)
     if problem:
         raise InputError(f"TPU attention kernel cannot lower: {problem}; use impl='reference'")
     group = num_q_heads // num_kv_heads
     block_q = tpu_block_q(group, block_q)
-    pages_per_block = max(1, min(pages_per_block or max(1, 128 // page_size), pages_per_seq))
+    pages_per_block = tpu_pages_per_block(num_kv_heads=num_kv_heads, head_dim=head_dim,
+                                          page_size=page_size, dtype_bytes=dtype_bytes,
+                                          pages_per_seq=pages_per_seq, requested=pages_per_block)
     scale = head_dim**-0.5 if sm_scale is None else float(sm_scale)
     q_rows, meta, kv, bad_tok, blk_lo, blk_hi, tp, gp = prepare(
-        q, jax.ShapeDtypeStruct(k5.shape[1:], k5.dtype), kv_lens, page_indices, cu_q_lens, num_seqs, tree_parents, block_q)
+        q, num_kv_heads, page_size, kv_lens, page_indices, cu_q_lens, num_seqs, tree_parents,
+        block_q)
     rows = block_q * gp
     num_blocks = tp // block_q
     kv_blk = pages_per_block * page_size
@@ -273,32 +259,35 @@ def ragged_paged_attention_tpu(
     )
     grid_spec = pltpu.PrefetchScalarGridSpec(
         num_scalar_prefetch=6,
-        grid=(num_kv_heads, num_blocks),
+        grid=(num_blocks,),
         in_specs=[
-            pl.BlockSpec((None, rows, head_dim), lambda h, b, *_: (h, b, 0)),
-            pl.BlockSpec((rows, 4), lambda h, b, *_: (b, 0)),
-            pl.BlockSpec(memory_space=pl.ANY),
+            pl.BlockSpec((num_kv_heads, rows, head_dim), lambda b, *_: (0, b, 0)),
+            pl.BlockSpec((rows, 4), lambda b, *_: (b, 0)),
             pl.BlockSpec(memory_space=pl.ANY),
         ],
-        out_specs=pl.BlockSpec((None, rows, head_dim), lambda h, b, *_: (h, b, 0)),
+        out_specs=pl.BlockSpec((num_kv_heads, rows, head_dim), lambda b, *_: (0, b, 0)),
         scratch_shapes=[
-            pltpu.VMEM((2, kv_blk, head_dim), k5.dtype),
-            pltpu.VMEM((2, kv_blk, head_dim), v5.dtype),
-            pltpu.SemaphoreType.DMA((2, 2)),
-            pltpu.VMEM((rows, 1), jnp.float32),
-            pltpu.VMEM((rows, 1), jnp.float32),
-            pltpu.VMEM((rows, head_dim), jnp.float32),
+            pltpu.VMEM((2, kv_blk, combined, head_dim), kv5.dtype),
+            pltpu.SemaphoreType.DMA((2,)),
+            pltpu.VMEM((num_kv_heads, rows, 1), jnp.float32),
+            pltpu.VMEM((num_kv_heads, rows, 1), jnp.float32),
+            pltpu.VMEM((num_kv_heads, rows, head_dim), jnp.float32),
         ],
     )
     o_rows = pl.pallas_call(
         kernel,
         grid_spec=grid_spec,
         out_shape=jax.ShapeDtypeStruct(q_rows.shape, q.dtype),
-        compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "arbitrary")),
+        compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel",)),
+        cost_estimate=attention_cost(
+            num_tokens=num_tokens, num_q_heads=num_q_heads, num_kv_heads=num_kv_heads,
+            head_dim=head_dim, dtype_bytes=dtype_bytes, q_bytes=q.dtype.itemsize,
+            max_seqs=max_seqs, pages_per_seq=pages_per_seq, page_size=page_size,
+            total_pages=total_pages, block_q=block_q),
         interpret=pltpu.InterpretParams() if interpret else False,
         name="seer_ragged_paged_attention_tpu",
     )(
         layer_arr, page_indices.astype(jnp.int32).reshape(-1), kv, cu_q_lens.astype(jnp.int32),
-        blk_lo, blk_hi, q_rows, meta, k5, v5,
+        blk_lo, blk_hi, q_rows, meta, kv5,
     )
     return unfold(o_rows, num_tokens, num_q_heads, group, gp, bad_tok, q.dtype)

@@ -30,18 +30,20 @@ def concrete_or_none(x: Any) -> np.ndarray | None:
 
 
 def check_attention_inputs(
-    q, k_pages, v_pages, kv_lens, page_indices, cu_q_lens, num_seqs, tree_parents
+    q, kv_pages, kv_lens, page_indices, cu_q_lens, num_seqs, tree_parents
 ) -> None:
     """Raise InputError for inconsistent shapes; check lengths too when they are concrete."""
     num_tokens, num_q_heads, head_dim = _shape("q [num_tokens, num_q_heads, head_dim]", q, 3)
-    kshape = _shape("k_pages [num_kv_heads, total_pages, page_size, head_dim]", k_pages, 4)
-    vshape = _shape("v_pages [num_kv_heads, total_pages, page_size, head_dim]", v_pages, 4)
-    if kshape != vshape:
-        raise InputError(f"k_pages shape {kshape} != v_pages shape {vshape}")
-    num_kv_heads, _, page_size, kv_head_dim = kshape
+    kvshape = _shape("kv_pages [total_pages, page_size, 2 * num_kv_heads, head_dim]", kv_pages,
+                     4)
+    _, page_size, combined, kv_head_dim = kvshape
+    if combined < 2 or combined % 2:
+        raise InputError(f"kv_pages {kvshape}: dimension 2 holds K and V of each KV head "
+                         f"(2 * num_kv_heads), got {combined}")
+    num_kv_heads = combined // 2
     if kv_head_dim != head_dim:
-        raise InputError(f"q head_dim {head_dim} != k_pages head_dim {kv_head_dim}")
-    if num_kv_heads < 1 or num_q_heads % num_kv_heads:
+        raise InputError(f"q head_dim {head_dim} != kv_pages head_dim {kv_head_dim}")
+    if num_q_heads % num_kv_heads:
         raise InputError(
             f"num_q_heads ({num_q_heads}) must be a multiple of num_kv_heads ({num_kv_heads})"
         )
@@ -61,8 +63,8 @@ def check_attention_inputs(
         (n_tree,) = _shape("tree_parents [num_tokens]", tree_parents, 1)
         if n_tree != num_tokens:
             raise InputError(f"tree_parents has {n_tree} entries, q has {num_tokens} tokens")
-    if q.dtype != k_pages.dtype or k_pages.dtype != v_pages.dtype:
-        raise InputError(f"dtypes differ: q {q.dtype}, k {k_pages.dtype}, v {v_pages.dtype}")
+    if q.dtype != kv_pages.dtype:
+        raise InputError(f"dtypes differ: q {q.dtype}, kv_pages {kv_pages.dtype}")
     # Value checks whenever the lengths are concrete (eager calls, tests, host-side batches).
     kv = concrete_or_none(kv_lens)
     cu = concrete_or_none(cu_q_lens)

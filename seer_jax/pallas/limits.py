@@ -18,6 +18,8 @@ import math
 TPU_HEAD_DIMS = (64, 128, 256)
 TPU_SMEM_PREFETCH_BYTES = 768 * 1024
 TPU_MAX_Q_BLOCK_TOKENS = 32
+TPU_KV_BLOCK_TOKENS = 128  # tokens per K/V block the TPU attention kernel streams
+TPU_KV_BUFFER_BYTES = 4 * 1024 * 1024  # its double-buffered VMEM K/V scratch, at most
 
 
 def pow2(n: int) -> int:
@@ -38,6 +40,20 @@ def tpu_block_q(group: int, requested: int | None = None) -> int:
         return -(-int(requested) // unit) * unit
     target = min(TPU_MAX_Q_BLOCK_TOKENS, max(1, 128 // group))
     return max(unit, target // unit * unit)
+
+
+def tpu_pages_per_block(*, num_kv_heads: int, head_dim: int, page_size: int, dtype_bytes: int,
+                        pages_per_seq: int, requested: int | None = None) -> int:
+    """Pages per TPU K/V block: about `TPU_KV_BLOCK_TOKENS` tokens, fewer when the two VMEM
+    buffers of whole pages (every KV head's K and V, rows and lanes padded to the tile) would
+    exceed `TPU_KV_BUFFER_BYTES`; never more than a sequence's page table."""
+    if requested:
+        return max(1, min(int(requested), pages_per_seq))
+    rows = -(-2 * num_kv_heads // (8 * max(1, 4 // dtype_bytes))) * 8 * max(1, 4 // dtype_bytes)
+    page_bytes = page_size * rows * (-(-head_dim // 128) * 128) * dtype_bytes
+    ppb = max(1, TPU_KV_BLOCK_TOKENS // page_size)
+    ppb = max(1, min(ppb, TPU_KV_BUFFER_BYTES // (2 * page_bytes)))
+    return min(ppb, pages_per_seq)
 
 
 def tpu_attention_problem(*, num_q_heads: int, num_kv_heads: int, head_dim: int, page_size: int,

@@ -1,12 +1,14 @@
 """Tensor-parallel wrappers: the kernels under `shard_map`, heads split over a mesh axis.
 
-Query heads are split over `axis`; K/V heads too. When there are fewer KV heads than shards the
-cache must hold each KV head repeated `tp // num_kv_heads` times (`repeat_kv_heads_for_tp`; the
-engine allocates the cache that way once, the wrappers repeat on the fly otherwise). Each shard
-then holds whole GQA groups: its query heads all read the KV head(s) it holds.
+Query heads are split over `axis`; KV heads too: the cache's combined-head axis (K and V of each
+KV head interleaved, see `kv_layout`) splits into whole (K, V) pairs. When there are fewer KV
+heads than shards the cache must hold each KV head repeated `tp // num_kv_heads` times
+(`repeat_kv_heads_for_tp`; the engine allocates the cache that way once, the wrappers repeat on
+the fly otherwise). Each shard then holds whole GQA groups: its query heads all read the KV
+head(s) it holds.
 
-With `layer`, the pools are the whole cache [num_layers, kv_heads, ...] (heads on axis 1) and the
-layer index travels into every shard as a replicated scalar.
+With `layer`, the pool is the whole cache [num_layers, P, S, 2 * Hkv, D] and the layer index
+travels into every shard as a replicated scalar.
 """
 
 from __future__ import annotations
@@ -35,9 +37,18 @@ def kv_heads_for_tp(num_kv_heads: int, tp: int) -> int:
 
 
 def repeat_kv_heads_for_tp(x: jax.Array, tp: int, axis: int = 0) -> jax.Array:
-    """Repeat the KV-head axis of x so it splits evenly over tp shards."""
+    """Repeat the KV-head axis of x (new K or V [T, Hkv, D]: axis 1) so it splits evenly over tp
+    shards."""
     n = x.shape[axis]
     return jnp.repeat(x, kv_heads_for_tp(n, tp) // n, axis=axis)
+
+
+def repeat_kv_pages_for_tp(kv_pages: jax.Array, tp: int) -> jax.Array:
+    """Repeat each (K, V) pair of a combined cache [..., 2 * Hkv, D] for tp shards."""
+    *lead, c, d = kv_pages.shape
+    pairs = kv_pages.reshape(*lead, c // 2, 2, d)
+    pairs = repeat_kv_heads_for_tp(pairs, tp, axis=len(lead))
+    return pairs.reshape(*lead, -1, d)
 
 
 def _tp(mesh: Mesh, axis: str) -> int:
@@ -46,11 +57,15 @@ def _tp(mesh: Mesh, axis: str) -> int:
     return mesh.shape[axis]
 
 
+def _kv_spec(kv_pages, axis: str) -> P:
+    """Shard the combined-head axis (second-minor) of a 4-D pool or a 5-D cache."""
+    return P(*([None] * (kv_pages.ndim - 2)), axis, None)
+
+
 def sharded_ragged_paged_attention(
     mesh: Mesh,
     q: jax.Array,
-    k_pages: jax.Array,
-    v_pages: jax.Array,
+    kv_pages: jax.Array,
     kv_lens: jax.Array,
     page_indices: jax.Array,
     cu_q_lens: jax.Array,
@@ -63,55 +78,55 @@ def sharded_ragged_paged_attention(
 ) -> jax.Array:
     """`ragged_paged_attention` with heads split over mesh axis `axis`; same result as unsharded.
 
-    q: [T, Hq, D] (Hq divisible by tp); k/v pages: [Hkv or kv_heads_for_tp(Hkv, tp), ...].
-    kwargs go to `ragged_paged_attention` (impl, interpret, sm_scale, block sizes, ...).
+    q: [T, Hq, D] (Hq divisible by tp); kv_pages: [..., 2 * Hkv, D] with Hkv (or
+    kv_heads_for_tp(Hkv, tp)) KV heads. kwargs go to `ragged_paged_attention` (impl, interpret,
+    sm_scale, block sizes, ...).
     """
     tp = _tp(mesh, axis)
     num_q_heads = q.shape[1]
     if num_q_heads % tp:
         raise InputError(f"num_q_heads={num_q_heads} is not divisible by tp={tp}")
-    hax = 0 if layer is None else 1
-    if k_pages.shape[hax] < tp:
-        k_pages = repeat_kv_heads_for_tp(k_pages, tp, hax)
-        v_pages = repeat_kv_heads_for_tp(v_pages, tp, hax)
-    kv_heads_for_tp(k_pages.shape[hax], tp)
-    if num_q_heads % k_pages.shape[hax]:
+    if kv_pages.shape[-2] // 2 < tp:
+        kv_pages = repeat_kv_pages_for_tp(kv_pages, tp)
+    hkv = kv_pages.shape[-2] // 2
+    kv_heads_for_tp(hkv, tp)
+    if num_q_heads % hkv:
         raise InputError(f"num_q_heads={num_q_heads} is not a multiple of the cache's "
-                         f"{k_pages.shape[hax]} KV heads")
+                         f"{hkv} KV heads")
     heads = P(None, axis, None)
-    kv = P(*([None] * hax), axis, None, None, None)
+    kv = _kv_spec(kv_pages, axis)
     rep = P()
     names = (["tree_parents"] if tree_parents is not None else []) + (
         ["layer"] if layer is not None else [])
     extra = tuple(x for x in (tree_parents, layer) if x is not None)
 
-    def body(q, k, v, a, b, c, d, *rest):
-        return ragged_paged_attention(q, k, v, a, b, c, d, **dict(zip(names, rest, strict=True)),
+    def body(q, kv, a, b, c, d, *rest):
+        return ragged_paged_attention(q, kv, a, b, c, d, **dict(zip(names, rest, strict=True)),
                                       **kwargs)
 
     return jax.shard_map(
         body, mesh=mesh,
-        in_specs=(heads, kv, kv, rep, rep, rep, rep) + (rep,) * len(extra),
+        in_specs=(heads, kv, rep, rep, rep, rep) + (rep,) * len(extra),
         out_specs=heads, check_vma=False,
-    )(q, k_pages, v_pages, kv_lens, page_indices, cu_q_lens, jnp.asarray(num_seqs),
+    )(q, kv_pages, kv_lens, page_indices, cu_q_lens, jnp.asarray(num_seqs),
       *(jnp.asarray(x) for x in extra))
 
 
 def sharded_write_kv(
-    mesh: Mesh, k_pages, v_pages, new_k, new_v, slot_mapping, *, axis: str = "tp",
+    mesh: Mesh, kv_pages, new_k, new_v, slot_mapping, *, axis: str = "tp",
     layer: jax.Array | int | None = None, **kwargs
 ):
     """`write_kv` with KV heads split over `axis` (new_k/new_v: [T, Hkv_cache, D]); with
-    `layer`, the pools are the whole cache [num_layers, Hkv_cache, ...]."""
+    `layer`, the pool is the whole cache [num_layers, P, S, 2 * Hkv_cache, D]."""
     _tp(mesh, axis)
-    kv = P(axis, None, None, None) if layer is None else P(None, axis, None, None, None)
+    kv = _kv_spec(kv_pages, axis)
     new = P(None, axis, None)
     if layer is None:
         return jax.shard_map(
             functools.partial(write_kv, **kwargs), mesh=mesh,
-            in_specs=(kv, kv, new, new, P()), out_specs=(kv, kv), check_vma=False,
-        )(k_pages, v_pages, new_k, new_v, slot_mapping)
+            in_specs=(kv, new, new, P()), out_specs=kv, check_vma=False,
+        )(kv_pages, new_k, new_v, slot_mapping)
     return jax.shard_map(
-        lambda k, v, nk, nv, s, li: write_kv(k, v, nk, nv, s, layer=li, **kwargs), mesh=mesh,
-        in_specs=(kv, kv, new, new, P(), P()), out_specs=(kv, kv), check_vma=False,
-    )(k_pages, v_pages, new_k, new_v, slot_mapping, jnp.asarray(layer, jnp.int32))
+        lambda c, nk, nv, s, li: write_kv(c, nk, nv, s, layer=li, **kwargs), mesh=mesh,
+        in_specs=(kv, new, new, P(), P()), out_specs=kv, check_vma=False,
+    )(kv_pages, new_k, new_v, slot_mapping, jnp.asarray(layer, jnp.int32))

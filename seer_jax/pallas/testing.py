@@ -10,8 +10,7 @@ import numpy as np
 @dataclass
 class PagedBatch:
     q: np.ndarray  # [num_tokens, Hq, D]
-    k_pages: np.ndarray  # [Hkv, total_pages, page_size, D]
-    v_pages: np.ndarray
+    kv_pages: np.ndarray  # [total_pages, page_size, 2 * Hkv, D] (see seer_jax.pallas.kv_layout)
     kv_lens: np.ndarray  # [max_seqs] int32
     page_indices: np.ndarray  # [max_seqs, pages_per_seq] int32
     cu_q_lens: np.ndarray  # [max_seqs + 1] int32
@@ -19,8 +18,16 @@ class PagedBatch:
     tree_parents: np.ndarray | None  # [num_tokens] int32
 
     def args(self):
-        return (self.q, self.k_pages, self.v_pages, self.kv_lens, self.page_indices,
-                self.cu_q_lens, self.num_seqs)
+        return (self.q, self.kv_pages, self.kv_lens, self.page_indices, self.cu_q_lens,
+                self.num_seqs)
+
+    @property
+    def k_pages(self) -> np.ndarray:  # [total_pages, page_size, Hkv, D]
+        return self.kv_pages[..., 0::2, :]
+
+    @property
+    def v_pages(self) -> np.ndarray:
+        return self.kv_pages[..., 1::2, :]
 
 
 def make_batch(
@@ -48,30 +55,29 @@ def make_batch(
     total_pages = used + extra_pages
     total_q = sum(ql for ql, _ in seqs)
     num_tokens = num_tokens or total_q
-    k = np.full((num_kv_heads, total_pages, page_size, head_dim), np.nan, np.float32)
-    v = np.full_like(k, np.nan)
+    kv = np.full((total_pages, page_size, 2 * num_kv_heads, head_dim), np.nan, np.float32)
     perm = rng.permutation(total_pages)
     table = np.full((max_seqs, pages_per_seq), perm[-1], np.int32)  # a NaN page
     kv_lens = np.zeros(max_seqs, np.int32)
     cu = np.zeros(max_seqs + 1, np.int32)
     parents = np.full(num_tokens, -1, np.int32)
     nxt = 0
-    for s, (ql, kv) in enumerate(seqs):
+    for s, (ql, kv_len) in enumerate(seqs):
         pages = perm[nxt: nxt + need[s]]
         nxt += need[s]
         table[s, : need[s]] = pages
-        kv_lens[s] = kv
+        kv_lens[s] = kv_len
         cu[s + 1] = cu[s] + ql
-        for i in range(kv):
+        for i in range(kv_len):
             page, off = pages[i // page_size], i % page_size
-            k[:, page, off] = rng.normal(size=(num_kv_heads, head_dim))
-            v[:, page, off] = rng.normal(size=(num_kv_heads, head_dim))
+            kv[page, off, 0::2] = rng.normal(size=(num_kv_heads, head_dim))  # K
+            kv[page, off, 1::2] = rng.normal(size=(num_kv_heads, head_dim))  # V
         rel = list(range(-1, ql - 1)) if not trees or s not in trees else trees[s]
         parents[cu[s]: cu[s + 1]] = rel
     cu[len(seqs) + 1:] = cu[len(seqs)]
     q = rng.normal(size=(num_tokens, num_q_heads, head_dim)).astype(np.float32)
     return PagedBatch(
-        q.astype(dtype), k.astype(dtype), v.astype(dtype), kv_lens, table, cu,
+        q.astype(dtype), kv.astype(dtype), kv_lens, table, cu,
         np.int32(len(seqs)), parents if trees else None,
     )
 
@@ -79,7 +85,7 @@ def make_batch(
 def naive_attention(b: PagedBatch, sm_scale: float | None = None) -> np.ndarray:
     """Dense attention per sequence over its gathered pages, float64, zeros for padding."""
     num_tokens, hq, d = b.q.shape
-    hkv, _, page_size, _ = b.k_pages.shape
+    _, page_size, hkv, _ = b.k_pages.shape
     g = hq // hkv
     scale = d**-0.5 if sm_scale is None else sm_scale
     out = np.zeros((num_tokens, hq, d), np.float64)
@@ -88,8 +94,8 @@ def naive_attention(b: PagedBatch, sm_scale: float | None = None) -> np.ndarray:
         lo, hi = int(b.cu_q_lens[s]), int(b.cu_q_lens[s + 1])
         ql, kv = hi - lo, int(b.kv_lens[s])
         ctx = kv - ql
-        kk = b.k_pages[:, b.page_indices[s]].reshape(hkv, -1, d)[:, :kv].astype(np.float64)
-        vv = b.v_pages[:, b.page_indices[s]].reshape(hkv, -1, d)[:, :kv].astype(np.float64)
+        kk = b.k_pages[b.page_indices[s]].reshape(-1, hkv, d)[:kv].astype(np.float64)
+        vv = b.v_pages[b.page_indices[s]].reshape(-1, hkv, d)[:kv].astype(np.float64)
         par = None if b.tree_parents is None else b.tree_parents[lo:hi]
         for i in range(ql):
             vis = np.zeros(kv, bool)
@@ -102,8 +108,8 @@ def naive_attention(b: PagedBatch, sm_scale: float | None = None) -> np.ndarray:
                     vis[ctx + j] = True
                     j = int(par[j]) if 0 <= par[j] < j else -1
             for h in range(hq):
-                sc = kk[h // g][vis] @ q[lo + i, h] * scale
+                sc = kk[:, h // g][vis] @ q[lo + i, h] * scale
                 p = np.exp(sc - sc.max())
                 p /= p.sum()
-                out[lo + i, h] = p @ vv[h // g][vis]
+                out[lo + i, h] = p @ vv[:, h // g][vis]
     return out

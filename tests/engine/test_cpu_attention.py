@@ -11,11 +11,13 @@ from hypothesis import strategies as st
 
 from seer_jax.engine.cpu_attention import gather_pages, paged_decode_attention
 from seer_jax.pallas.attention_ref import ragged_paged_attention_reference
+from seer_jax.pallas.kv_layout import interleave_kv
 
 
 def make_case(rng, kv_lens, num_kv_heads, group, head_dim, page_size, pps, total_pages,
               max_seqs, nan_pages=False):
-    """Random pools and page tables; unused pages hold NaN when nan_pages (a stray read shows)."""
+    """Random pools and page tables; unused pages hold NaN when nan_pages (a stray read shows).
+    Returns (q, kv_pages [P, S, 2 * Hkv, D], kv_lens, table, cu, num_seqs)."""
     n = len(kv_lens)
     k = rng.standard_normal((num_kv_heads, total_pages, page_size, head_dim)).astype(np.float32)
     v = rng.standard_normal((num_kv_heads, total_pages, page_size, head_dim)).astype(np.float32)
@@ -38,11 +40,12 @@ def make_case(rng, kv_lens, num_kv_heads, group, head_dim, page_size, pps, total
     kv = np.zeros(max_seqs, np.int32)
     kv[:n] = kv_lens
     cu = np.concatenate([np.arange(n + 1), np.full(max_seqs - n, n)]).astype(np.int32)
-    return [jnp.asarray(x) for x in (q, k, v, kv, table, cu)] + [jnp.int32(n)]
+    pool = interleave_kv(k.transpose(1, 2, 0, 3), v.transpose(1, 2, 0, 3))
+    return [jnp.asarray(x) for x in (q, pool, kv, table, cu)] + [jnp.int32(n)]
 
 
-def reference(q, k, v, kv, table, cu, n):
-    return ragged_paged_attention_reference(q, k, v, kv, table, cu, n, max_q_len=1)
+def reference(q, pool, kv, table, cu, n):
+    return ragged_paged_attention_reference(q, pool, kv, table, cu, n, max_q_len=1)
 
 
 @pytest.mark.parametrize("pages_per_block", [1, 2, 3, 8])
@@ -51,9 +54,9 @@ def test_decode_matches_reference_ragged_lengths(pages_per_block):
     kv_lens = [1, 5, 16, 17, 40, 63, 64, 3]
     case = make_case(rng, kv_lens, num_kv_heads=2, group=3, head_dim=16, page_size=8, pps=8,
                      total_pages=96, max_seqs=11, nan_pages=True)
-    q, k, v, kv, table, cu, n = case
+    q, pool, kv, table, cu, n = case
     got = jax.jit(lambda *a: paged_decode_attention(*a, pages_per_block=pages_per_block))(
-        q, k, v, kv, table, n)
+        q, pool, kv, table, n)
     want = reference(*case)
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-5, rtol=1e-5)
     assert np.all(np.asarray(got)[len(kv_lens):] == 0)  # padding slots give zeros
@@ -63,30 +66,30 @@ def test_layer_indexed_cache_equals_sliced_layer():
     rng = np.random.default_rng(1)
     kv_lens = [7, 30, 12]
     per_layer = [make_case(rng, kv_lens, 1, 4, 8, 4, 8, 40, 4) for _ in range(3)]
-    k_all = jnp.stack([c[1] for c in per_layer])
-    v_all = jnp.stack([c[2] for c in per_layer])
-    q, _, _, kv, table, cu, n = per_layer[0]
+    kv_all = jnp.stack([c[1] for c in per_layer])
+    q, _, kv, table, cu, n = per_layer[0]
     for layer in range(3):
-        got = jax.jit(paged_decode_attention)(q, k_all, v_all, kv, table, n, layer=jnp.int32(layer))
-        want = reference(q, k_all[layer], v_all[layer], kv, table, cu, n)
+        got = jax.jit(paged_decode_attention)(q, kv_all, kv, table, n, layer=jnp.int32(layer))
+        want = reference(q, kv_all[layer], kv, table, cu, n)
         np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-5, rtol=1e-5)
     pg = table[:2, :3]
-    np.testing.assert_array_equal(np.asarray(gather_pages(k_all, pg, 2)), np.asarray(k_all[2][:, pg]))
+    np.testing.assert_array_equal(np.asarray(gather_pages(kv_all, pg, 2)),
+                                  np.asarray(kv_all[2][pg]))
 
 
 def test_zero_live_sequences_gives_zeros():
     rng = np.random.default_rng(2)
-    q, k, v, kv, table, cu, _ = make_case(rng, [4, 9], 1, 2, 8, 4, 4, 16, 4)
-    got = paged_decode_attention(q, k, v, kv, table, jnp.int32(0))
+    q, pool, kv, table, cu, _ = make_case(rng, [4, 9], 1, 2, 8, 4, 4, 16, 4)
+    got = paged_decode_attention(q, pool, kv, table, jnp.int32(0))
     assert np.all(np.asarray(got) == 0)
 
 
 def test_bfloat16_cache_matches_reference():
     rng = np.random.default_rng(3)
-    q, k, v, kv, table, cu, n = make_case(rng, [3, 20, 33], 2, 2, 16, 8, 6, 24, 4)
-    q, k, v = q.astype(jnp.bfloat16), k.astype(jnp.bfloat16), v.astype(jnp.bfloat16)
-    got = paged_decode_attention(q, k, v, kv, table, n)
-    want = reference(q, k, v, kv, table, cu, n)
+    q, pool, kv, table, cu, n = make_case(rng, [3, 20, 33], 2, 2, 16, 8, 6, 24, 4)
+    q, pool = q.astype(jnp.bfloat16), pool.astype(jnp.bfloat16)
+    got = paged_decode_attention(q, pool, kv, table, n)
+    want = reference(q, pool, kv, table, cu, n)
     assert got.dtype == jnp.bfloat16
     np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want, np.float32),
                                atol=2e-2, rtol=2e-2)
@@ -101,6 +104,6 @@ def test_decode_matches_reference_property(lens, extra, page_size, ppb, seed):
     pps = -(-max(lens) // page_size) + extra
     total = sum(-(-L // page_size) for L in lens) + 3
     case = make_case(rng, lens, 2, 2, 8, page_size, pps, total, len(lens) + 1, nan_pages=True)
-    q, k, v, kv, table, cu, n = case
-    got = paged_decode_attention(q, k, v, kv, table, n, pages_per_block=ppb)
+    q, pool, kv, table, cu, n = case
+    got = paged_decode_attention(q, pool, kv, table, n, pages_per_block=ppb)
     np.testing.assert_allclose(np.asarray(got), np.asarray(reference(*case)), atol=1e-5, rtol=1e-5)

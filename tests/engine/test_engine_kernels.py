@@ -18,7 +18,7 @@ from seer_jax.drafting.draft import Draft
 from seer_jax.engine.attention_backend import make_plan, resolve_engine_impl
 from seer_jax.engine.batch import Layout
 from seer_jax.engine.engine import Engine, EngineConfig
-from seer_jax.engine.model_runner import _sample_step
+from seer_jax.engine.model_runner import STEP_STATIC, _sample_step
 from seer_jax.engine.speculation import Speculator
 from seer_jax.errors import ConfigError
 from seer_jax.model.config import tiny_config
@@ -110,7 +110,7 @@ def test_fewer_kv_heads_than_shards_replicates_them():
     reference and exported KV has the model's head count."""
     ref = _reference()
     eng = Engine(CFG, PARAMS, _config("gpu"), mesh=_mesh(4))
-    assert eng.runner.kv_repeat == 2 and eng.runner.k_all.shape[1] == 4
+    assert eng.runner.kv_repeat == 2 and eng.runner.kv_all.shape[3] == 2 * 4
     eng.add_request("0", PROMPTS[0], NEW, SamplingParams(temperature=0.0))
     out = None
     while eng.has_unfinished():
@@ -150,7 +150,7 @@ def test_engine_refuses_shapes_a_kernel_cannot_lower():
 
 
 def _pool_copies(hlo: str, layer_shape: tuple[int, ...]) -> list[str]:
-    """Instructions in compiled HLO whose result is one layer's whole K or V pool."""
+    """Instructions in compiled HLO whose result is one layer's whole pool."""
     dims = ",".join(map(str, layer_shape))
     pat = re.compile(rf"=\s*f32\[{dims}\]\S*\s+(copy|dynamic-slice|slice|fusion|gather)\(")
     return [ln.strip()[:160] for ln in hlo.splitlines() if pat.search(ln)]
@@ -158,24 +158,24 @@ def _pool_copies(hlo: str, layer_shape: tuple[int, ...]) -> list[str]:
 
 @pytest.mark.parametrize("impl", ["reference", "cpu"])
 def test_compiled_step_does_not_copy_a_layer_pool(impl):
-    """The donated cache is updated in place: no instruction materialises a [Hkv, P, S, D] layer
-    of the pool, and temporaries stay far below one layer's pool."""
+    """The donated cache is updated in place: no instruction materialises a [P, S, 2 * Hkv, D]
+    layer of the pool, and temporaries stay far below one layer's pool."""
     cfg = tiny_config(eos_token_ids=(), num_layers=3)
     eng = Engine(cfg, init_params(cfg, seed=0),
                  EngineConfig(num_pages=512, page_size=16, max_num_seqs=4, impl=impl))
     runner = eng.runner
     layout = Layout(n_dec=4, q_dec=1, n_pre=0, t_pre=0, pps=4)
     batch = _decode_batch(layout, cfg.vocab_size)
-    exe = _sample_step.lower(runner.params, runner.k_all, runner.v_all, batch, cfg=cfg,
-                             layout=layout, plan=runner.plan, num_top=0).compile()
-    layer_shape = runner.k_all.shape[1:]
+    exe = runner.lower_step(_sample_step, batch, cfg=cfg, layout=layout, plan=runner.plan,
+                            num_top=0).compile()
+    layer_shape = runner.kv_all.shape[1:]
     assert not _pool_copies(exe.as_text(), layer_shape)
     layer_bytes = int(np.prod(layer_shape)) * 4
     mem = exe.memory_analysis()
     if mem is not None:
         assert mem.temp_size_in_bytes < layer_bytes / 4, (mem.temp_size_in_bytes, layer_bytes)
     # the check can fail: slicing a layer out (what the engine used to do) is caught
-    sliced = jax.jit(lambda k, i: k[i] * 2.0).lower(runner.k_all, 1).compile().as_text()
+    sliced = jax.jit(lambda k, i: k[i] * 2.0).lower(runner.kv_all, 1).compile().as_text()
     assert _pool_copies(sliced, layer_shape)
 
 
@@ -196,7 +196,7 @@ def _decode_batch(layout, vocab):
 @pytest.mark.parametrize("impl,platform", [("tpu", "tpu"), ("gpu", "cuda")])
 def test_kernel_step_lowers_without_slicing_a_layer(impl, platform):
     """The whole engine step lowered for the device: the kernels get the full [L, ...] cache; no
-    [Hkv, P, S, D] tensor (a layer of the pool) appears anywhere in the module."""
+    [P, S, 2 * Hkv, D] tensor (a layer of the pool) appears anywhere in the module."""
     from jax import export
 
     from seer_jax.engine.attention_backend import AttentionPlan
@@ -208,12 +208,12 @@ def test_kernel_step_lowers_without_slicing_a_layer(impl, platform):
     plan = AttentionPlan(impl=impl, interpret=False, mesh=None, tp=1, kv_repeat=1)
     layout = Layout(n_dec=4, q_dec=1, n_pre=0, t_pre=0, pps=4)
     batch = _decode_batch(layout, cfg.vocab_size)
-    exp = export.export(_sample_step, platforms=[platform], disabled_checks=[
+    step = jax.jit(_sample_step, static_argnames=STEP_STATIC[_sample_step], donate_argnums=1)
+    exp = export.export(step, platforms=[platform], disabled_checks=[
         export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")])(
-        runner.params, runner.k_all, runner.v_all, batch, cfg=cfg, layout=layout, plan=plan,
-        num_top=0)
+        runner.params, runner.kv_all, batch, cfg=cfg, layout=layout, plan=plan, num_top=0)
     text = exp.mlir_module()
-    full = "x".join(map(str, runner.k_all.shape))
-    layer = "x".join(map(str, runner.k_all.shape[1:]))
+    full = "x".join(map(str, runner.kv_all.shape))
+    layer = "x".join(map(str, runner.kv_all.shape[1:]))
     assert f"tensor<{full}xf32>" in text and "custom_call" in text
     assert f"tensor<{layer}xf32>" not in text

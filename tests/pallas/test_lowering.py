@@ -63,8 +63,9 @@ S = jax.ShapeDtypeStruct
 def _attention_args(hq, hkv, d, dtype, page_size, kind, layered):
     num_tokens, max_seqs, tree = BATCHES[kind]
     pages, pps, layers = 64, 8, 3
-    pool = (layers, hkv, pages, page_size, d) if layered else (hkv, pages, page_size, d)
-    args = [S((num_tokens, hq, d), dtype), S(pool, dtype), S(pool, dtype),
+    pool = (pages, page_size, 2 * hkv, d)
+    pool = (layers,) + pool if layered else pool
+    args = [S((num_tokens, hq, d), dtype), S(pool, dtype),
             S((max_seqs,), jnp.int32), S((max_seqs, pps), jnp.int32),
             S((max_seqs + 1,), jnp.int32), S((), jnp.int32)]
     if tree:
@@ -77,27 +78,28 @@ def _attention_args(hq, hkv, d, dtype, page_size, kind, layered):
 def lower_attention(impl, hq, hkv, d, dtype, page_size, kind, layered=False):
     args, tree = _attention_args(hq, hkv, d, dtype, page_size, kind, layered)
 
-    def f(q, k, v, kv_lens, pages, cu, n, *rest):
+    def f(q, kv, kv_lens, pages, cu, n, *rest):
         rest = list(rest)
         tp = rest.pop(0) if tree else None
         extra = {"layer": rest.pop(0)} if layered else {}
-        return ragged_paged_attention(q, k, v, kv_lens, pages, cu, n, tree_parents=tp,
+        return ragged_paged_attention(q, kv, kv_lens, pages, cu, n, tree_parents=tp,
                                       impl=impl, **extra)
 
     return export.export(jax.jit(f), platforms=[PLATFORMS[impl]], disabled_checks=DISABLED)(*args)
 
 
 def lower_write_kv(impl, hkv, d, dtype, page_size, num_tokens, layered=False):
-    pool = (3, hkv, 64, page_size, d) if layered else (hkv, 64, page_size, d)
-    args = [S(pool, dtype), S(pool, dtype), S((num_tokens, hkv, d), dtype),
-            S((num_tokens, hkv, d), dtype), S((num_tokens,), jnp.int32)]
+    pool = (64, page_size, 2 * hkv, d)
+    pool = (3,) + pool if layered else pool
+    args = [S(pool, dtype), S((num_tokens, hkv, d), dtype), S((num_tokens, hkv, d), dtype),
+            S((num_tokens,), jnp.int32)]
     if layered:
         args.append(S((), jnp.int32))
 
-    def f(k, v, nk, nv, slots, *layer):
-        return write_kv(k, v, nk, nv, slots, impl=impl, **({"layer": layer[0]} if layer else {}))
+    def f(kv, nk, nv, slots, *layer):
+        return write_kv(kv, nk, nv, slots, impl=impl, **({"layer": layer[0]} if layer else {}))
 
-    return export.export(jax.jit(f, donate_argnums=(0, 1)), platforms=[PLATFORMS[impl]],
+    return export.export(jax.jit(f, donate_argnums=0), platforms=[PLATFORMS[impl]],
                          disabled_checks=DISABLED)(*args)
 
 
@@ -140,15 +142,15 @@ def test_write_kv_lowers(impl, dtype, hkv, d):
 
 @pytest.mark.parametrize("impl", list(PLATFORMS))
 def test_layered_cache_lowers_without_slicing_the_pool(impl):
-    # The engine passes the whole [L, Hkv, P, S, D] cache and a layer index: the lowered module
-    # must hand the full cache to the kernel, never a [Hkv, P, S, D] slice of it.
+    # The engine passes the whole [L, P, S, 2 * Hkv, D] cache and a layer index: the lowered
+    # module must hand the full cache to the kernel, never a [P, S, 2 * Hkv, D] slice of it.
     hq, hkv, d, ps = 8, 2, 128, 16
     att = lower_attention(impl, hq, hkv, d, jnp.bfloat16, ps, "decode", layered=True)
     kvw = lower_write_kv(impl, hkv, d, jnp.bfloat16, ps, 8, layered=True)
-    layer_pool = f"tensor<{hkv}x64x{ps}x{d}xbf16>"
+    layer_pool = f"tensor<64x{ps}x{2 * hkv}x{d}xbf16>"
     for exp in (att, kvw):
         text = exp.mlir_module()
-        assert f"tensor<3x{hkv}x64x{ps}x{d}xbf16>" in text
+        assert f"tensor<3x64x{ps}x{2 * hkv}x{d}xbf16>" in text
         assert layer_pool not in text, "a per-layer slice of the pool appears in the module"
 
 
@@ -183,20 +185,20 @@ def test_deployment_configs_lower_at_their_shapes(path):
                         max_seqs=eng.max_num_seqs, pages_per_seq=pps,
                         max_tokens=eng.max_num_batched_tokens)
     pages = int(eng.kv_pages(cfg.kv_bytes_per_token()) // tp)
-    pool = S((cfg.num_layers, hkv, pages, eng.page_size, cfg.head_dim), dtype)
+    pool = S((cfg.num_layers, pages, eng.page_size, 2 * hkv, cfg.head_dim), dtype)
     n = eng.max_num_seqs
     meta = [S((n,), jnp.int32), S((n, pps), jnp.int32), S((n + 1,), jnp.int32), S((), jnp.int32)]
 
-    def attend(q, k, v, a, b, cu, num, layer):
-        return ragged_paged_attention(q, k, v, a, b, cu, num, impl=impl, layer=layer)
+    def attend(q, kv, a, b, cu, num, layer):
+        return ragged_paged_attention(q, kv, a, b, cu, num, impl=impl, layer=layer)
 
-    def write(k, v, nk, nv, slots, layer):
-        return write_kv(k, v, nk, nv, slots, impl=impl, layer=layer)
+    def write(kv, nk, nv, slots, layer):
+        return write_kv(kv, nk, nv, slots, impl=impl, layer=layer)
 
     plat = [PLATFORMS[impl]]
     export.export(jax.jit(attend), platforms=plat, disabled_checks=DISABLED)(
-        S((n, hq, cfg.head_dim), dtype), pool, pool, *meta, S((), jnp.int32))
+        S((n, hq, cfg.head_dim), dtype), pool, *meta, S((), jnp.int32))
     t = 512
-    export.export(jax.jit(write, donate_argnums=(0, 1)), platforms=plat, disabled_checks=DISABLED)(
-        pool, pool, S((t, hkv, cfg.head_dim), dtype), S((t, hkv, cfg.head_dim), dtype),
+    export.export(jax.jit(write, donate_argnums=0), platforms=plat, disabled_checks=DISABLED)(
+        pool, S((t, hkv, cfg.head_dim), dtype), S((t, hkv, cfg.head_dim), dtype),
         S((t,), jnp.int32), S((), jnp.int32))

@@ -91,17 +91,36 @@ def test_kernels_reject_unsupported_head_dim(impl):
 
 
 @pytest.mark.parametrize("impl", ["tpu", "gpu"])
-def test_write_kv_kernels_match_reference(impl):
+@pytest.mark.parametrize("hkv,page_size,layered", [(3, 16, False), (1, 8, True), (2, 32, True)])
+def test_write_kv_kernels_match_reference(impl, hkv, page_size, layered):
     rng = np.random.default_rng(3)
-    k = jnp.asarray(rng.normal(size=(3, 6, 16, 64)), jnp.float32)
-    v = jnp.asarray(rng.normal(size=(3, 6, 16, 64)), jnp.float32)
-    nk = jnp.asarray(rng.normal(size=(5, 3, 64)), jnp.float32)
-    slots = jnp.array([3, -1, 17, 95, 40], jnp.int32)
-    want = write_kv(k, v, nk, -nk, slots, impl="reference")
-    fn = jax.jit(lambda *a: write_kv(*a, impl=impl, interpret=True), donate_argnums=(0, 1))
-    got = fn(jnp.array(k), jnp.array(v), nk, -nk, slots)
-    for g, w in zip(got, want, strict=True):
-        np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
+    shape = (6, page_size, 2 * hkv, 64)
+    if layered:
+        shape = (3,) + shape
+    kv = jnp.asarray(rng.normal(size=shape), jnp.float32)
+    nk = jnp.asarray(rng.normal(size=(5, hkv, 64)), jnp.float32)
+    nv = jnp.asarray(rng.normal(size=(5, hkv, 64)), jnp.float32)
+    slots = jnp.array([3, -1, page_size + 1, 6 * page_size - 1, 2 * page_size + 5], jnp.int32)
+    layer = {"layer": jnp.int32(1)} if layered else {}
+    want = write_kv(kv, nk, nv, slots, impl="reference", **layer)
+    fn = jax.jit(lambda *a: write_kv(*a, impl=impl, interpret=True, **layer), donate_argnums=0)
+    got = fn(jnp.array(kv), nk, nv, slots)
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    # the token rows landed where the slots say, K at 2h and V at 2h + 1, nothing else moved
+    w = np.asarray(want)[1] if layered else np.asarray(want)
+    np.testing.assert_array_equal(w[0, 3, 0::2], np.asarray(nk[0]))
+    np.testing.assert_array_equal(w[1, 1, 1::2], np.asarray(nv[2]))
+    untouched = np.asarray(kv)[1] if layered else np.asarray(kv)
+    np.testing.assert_array_equal(w[3:5], untouched[3:5])  # pages no slot points into
+    if layered:  # other layers are not written
+        np.testing.assert_array_equal(np.asarray(want)[0], np.asarray(kv)[0])
+
+
+@pytest.mark.slow
+def test_tpu_kernel_bf16_many_kv_heads_in_simulator():
+    b = make_batch([(1, 45), (4, 20)], num_q_heads=8, num_kv_heads=4, head_dim=128,
+                   page_size=16, max_seqs=3, dtype=jnp.bfloat16, trees={1: [-1, 0, 0, 1]})
+    _check(b, "tpu", 2e-2, block_q=8, pages_per_block=2)
 
 
 @pytest.mark.parametrize("tp,hkv,impl", [(2, 2, "reference"), (4, 2, "reference"),
@@ -121,9 +140,13 @@ def test_sharded_wrapper_equals_unsharded(tp, hkv, impl):
 
 def test_sharded_write_kv_equals_unsharded():
     mesh = Mesh(np.array(jax.devices()[:2]), ("tp",))
-    k = jnp.zeros((4, 3, 8, 16))
+    kv = jnp.zeros((3, 8, 8, 16))
     new = jnp.arange(3 * 4 * 16, dtype=jnp.float32).reshape(3, 4, 16)
     slots = jnp.array([1, 9, -1], jnp.int32)
-    got = sharded_write_kv(mesh, k, k, new, new, slots, impl="reference")
-    want = write_kv(k, k, new, new, slots, impl="reference")
-    np.testing.assert_array_equal(np.asarray(got[0]), np.asarray(want[0]))
+    got = sharded_write_kv(mesh, kv, new, -new, slots, impl="reference")
+    want = write_kv(kv, new, -new, slots, impl="reference")
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    layered = sharded_write_kv(mesh, jnp.stack([kv, kv]), new, -new, slots, impl="reference",
+                               layer=1)
+    np.testing.assert_array_equal(np.asarray(layered[1]), np.asarray(want))
+    np.testing.assert_array_equal(np.asarray(layered[0]), np.asarray(kv))

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from seer_jax.errors import InputError
 from seer_jax.pallas import ragged_paged_attention, write_kv
+from seer_jax.pallas.kv_layout import split_kv
 from seer_jax.pallas.testing import make_batch, naive_attention
 from seer_jax.pallas.tree import kernel_tree_mask
 
@@ -73,19 +74,23 @@ def test_kernel_tree_mask_encoding():
 
 
 def test_write_kv_reference_writes_slots_and_skips_padding():
-    k = jnp.zeros((2, 4, 4, 8))
-    v = jnp.ones((2, 4, 4, 8))
-    new_k = jnp.arange(3 * 2 * 8, dtype=jnp.float32).reshape(3, 2, 8)
+    kv = jnp.zeros((4, 4, 4, 8)).at[..., 1::2, :].set(1.0)  # K 0, V 1
+    new_k = jnp.arange(3 * 2 * 8, dtype=jnp.float32).reshape(3, 2, 8) + 1
     new_v = -new_k
     slots = jnp.array([5, -1, 14], jnp.int32)
-    fn = jax.jit(lambda k, v, a, b, s: write_kv(k, v, a, b, s, impl="reference"),
-                 donate_argnums=(0, 1))
-    k2, v2 = fn(k, v, new_k, new_v, slots)
-    k2, v2 = np.asarray(k2), np.asarray(v2)
-    np.testing.assert_array_equal(k2[:, 1, 1], np.asarray(new_k[0]))
-    np.testing.assert_array_equal(v2[:, 3, 2], np.asarray(new_v[2]))
+    fn = jax.jit(lambda kv, a, b, s: write_kv(kv, a, b, s, impl="reference"), donate_argnums=0)
+    out = fn(jnp.array(kv), new_k, new_v, slots)
+    k2, v2 = (np.asarray(x) for x in split_kv(out))  # [P, S, Hkv, D]
+    np.testing.assert_array_equal(k2[1, 1], np.asarray(new_k[0]))
+    np.testing.assert_array_equal(v2[3, 2], np.asarray(new_v[2]))
     assert np.count_nonzero(k2) == np.count_nonzero(np.asarray(new_k)[[0, 2]])
     assert (v2 == 1).sum() == v2.size - 2 * 2 * 8
+    # a layer index writes that layer of a [L, P, S, 2 * Hkv, D] cache only
+    both = write_kv(jnp.stack([kv, kv]), new_k, new_v, slots, impl="reference", layer=1)
+    np.testing.assert_array_equal(np.asarray(both[1]), np.asarray(out))
+    np.testing.assert_array_equal(np.asarray(both[0]), np.asarray(kv))
+    with pytest.raises(InputError, match="2 \\* num_kv_heads"):
+        write_kv(jnp.zeros((4, 4, 3, 8)), new_k, new_v, slots, impl="reference")
 
 
 def test_bad_inputs_raise_input_error():
@@ -94,14 +99,14 @@ def test_bad_inputs_raise_input_error():
     with pytest.raises(InputError, match="multiple of num_kv_heads"):
         ragged_paged_attention(args[0][:, :3], *args[1:], impl="reference")
     with pytest.raises(InputError, match="page table"):
-        ragged_paged_attention(*args[:3], jnp.array([40], jnp.int32), *args[4:], impl="reference")
+        ragged_paged_attention(*args[:2], jnp.array([40], jnp.int32), *args[3:], impl="reference")
     with pytest.raises(InputError, match="head_dim"):
         ragged_paged_attention(args[0][..., :32], *args[1:], impl="reference")
     with pytest.raises(InputError, match="impl"):
         ragged_paged_attention(*args, impl="cuda")
     # Under jit the lengths are traced: an overlong sequence yields NaN, never a quiet answer.
     fn = jax.jit(lambda *a: ragged_paged_attention(*a, impl="reference"))
-    out = np.asarray(fn(*args[:3], jnp.array([40], jnp.int32), *args[4:]))
+    out = np.asarray(fn(*args[:2], jnp.array([40], jnp.int32), *args[3:]))
     assert np.isnan(out).all()
 
 

@@ -1,0 +1,40 @@
+"""`pl.CostEstimate`s for the kernels, so the compiler's `cost_analysis()` counts them.
+
+XLA cannot see into a Pallas call; without an estimate a compiled step reports no flops and no
+bytes for attention or the KV write. Shapes are static, lengths are not, so the attention
+estimate is the bound for full page tables: every sequence's table filled up to its capacity
+(never more than the pool holds), each page read once per q block that sequence spans.
+"""
+
+from __future__ import annotations
+
+from jax.experimental import pallas as pl
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def attention_cost(*, num_tokens: int, num_q_heads: int, num_kv_heads: int, head_dim: int,
+                   dtype_bytes: int, q_bytes: int, max_seqs: int, pages_per_seq: int,
+                   page_size: int, total_pages: int, block_q: int) -> pl.CostEstimate:
+    """Ragged paged attention of num_tokens queries over a [P, S, 2 * Hkv, D] pool."""
+    pool_tokens = total_pages * page_size
+    table_tokens = min(max_seqs * pages_per_seq, total_pages) * page_size
+    # keys a query sees: its sequence's table, and all queries of a sequence share one pool
+    attended = min(num_tokens * pages_per_seq * page_size,
+                   _cdiv(num_tokens, max(1, max_seqs)) * pool_tokens)
+    num_blocks = _cdiv(num_tokens, block_q)
+    reads = table_tokens * max(1, _cdiv(num_blocks, max(1, min(num_blocks, max_seqs))))
+    kv_bytes = reads * 2 * num_kv_heads * head_dim * dtype_bytes
+    q_out_bytes = 2 * num_tokens * num_q_heads * head_dim * q_bytes
+    return pl.CostEstimate(flops=4 * num_q_heads * head_dim * attended,
+                           transcendentals=num_q_heads * attended,
+                           bytes_accessed=kv_bytes + q_out_bytes)
+
+
+def write_cost(*, num_tokens: int, num_kv_heads: int, head_dim: int,
+               dtype_bytes: int) -> pl.CostEstimate:
+    """KV write: each token's [2 * Hkv, D] row read once, written once, plus its int32 slot."""
+    row_bytes = num_tokens * 2 * num_kv_heads * head_dim * dtype_bytes
+    return pl.CostEstimate(flops=0, transcendentals=0, bytes_accessed=2 * row_bytes + 4 * num_tokens)
