@@ -1,8 +1,9 @@
 """Compile the Pallas kernels (KV write; ragged paged attention over decode, mixed and tree
 batches) for a target chip, one shard's shapes, with abstract inputs (nothing is allocated).
 
-The kernels are called the way the engine calls them: on the whole [num_layers, kv_heads, pages,
-page_size, head_dim] cache with a traced layer index, the cache donated.
+The kernels are called the way the engine calls them: on the whole [num_layers, pages, page_size,
+2 * kv_heads, head_dim] cache (`seer_jax.pallas.kv_layout`) with a traced layer index, its
+device layout pinned row-major, the cache donated to the write.
 """
 
 from __future__ import annotations
@@ -13,9 +14,11 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from seer_jax.engine.model_runner import cache_format
 from seer_jax.errors import ConfigError
 from seer_jax.hardware.targets import devices, get_target
 from seer_jax.pallas import ragged_paged_attention, write_kv
+from seer_jax.pallas.kv_layout import kv_cache_shape
 
 KERNELS = ("write", "decode", "mixed", "tree")
 DTYPES = {"bfloat16": jnp.bfloat16, "float32": jnp.float32}
@@ -68,29 +71,30 @@ def lower_kernel(case: KernelCase, target_name: str):
     sh = jax.sharding.SingleDeviceSharding(dev)
     dt = DTYPES[case.dtype]
     impl = target.platform
-    pool = _abstract((case.num_layers, case.kv_heads, case.num_pages, case.page_size,
-                      case.head_dim), dt, sh)
+    fmt = cache_format(sh)
+    pool = _abstract(kv_cache_shape(case.num_layers, case.num_pages, case.page_size,
+                                    case.kv_heads, case.head_dim), dt, fmt)
     layer = _abstract((), jnp.int32, sh)
     i32 = lambda *shape: _abstract(shape, jnp.int32, sh)
     if case.kernel == "write":
         new = _abstract((case.num_tokens, case.kv_heads, case.head_dim), dt, sh)
 
-        @functools.partial(jax.jit, donate_argnums=(0, 1))
-        def write(k_all, v_all, k, v, slots, layer):
-            return write_kv(k_all, v_all, k, v, slots, impl=impl, layer=layer)
+        @functools.partial(jax.jit, donate_argnums=0, out_shardings=fmt)
+        def write(kv_all, k, v, slots, layer):
+            return write_kv(kv_all, k, v, slots, impl=impl, layer=layer)
 
-        return write.lower(pool, pool, new, new, i32(case.num_tokens), layer)
+        return write.lower(pool, new, new, i32(case.num_tokens), layer)
     num_tokens = {"decode": case.max_seqs, "mixed": case.num_tokens,
                   "tree": case.max_seqs * case.tree_size}[case.kernel]
     q = _abstract((num_tokens, case.q_heads, case.head_dim), dt, sh)
     with_tree = case.kernel == "tree"
 
     @jax.jit
-    def attend(q, k_all, v_all, kv_lens, pages, cu, num, layer, parents):
-        return ragged_paged_attention(q, k_all, v_all, kv_lens, pages, cu, num, impl=impl,
+    def attend(q, kv_all, kv_lens, pages, cu, num, layer, parents):
+        return ragged_paged_attention(q, kv_all, kv_lens, pages, cu, num, impl=impl,
                                       layer=layer, tree_parents=parents if with_tree else None)
 
-    return attend.lower(q, pool, pool, i32(case.max_seqs),
+    return attend.lower(q, pool, i32(case.max_seqs),
                         i32(case.max_seqs, case.pages_per_seq), i32(case.max_seqs + 1), i32(),
                         layer, i32(num_tokens))
 

@@ -21,7 +21,13 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from seer_jax.engine.attention_backend import make_plan
 from seer_jax.engine.batch import DraftTree, Layout, Region, StepBatch, bucket
-from seer_jax.engine.model_runner import cache_shape, cache_sharding, step_function
+from seer_jax.engine.model_runner import (
+    cache_format,
+    cache_shape,
+    cache_sharding,
+    step_function,
+    step_jit,
+)
 from seer_jax.errors import ConfigError
 from seer_jax.hardware.targets import devices, get_target
 from seer_jax.model.config import ModelConfig
@@ -98,7 +104,7 @@ class CompiledStep:
     alias_bytes: int
     temp_bytes: int
     code_bytes: int
-    kv_bytes: int  # the K and V caches on one device
+    kv_bytes: int  # the KV cache on one device
     compiled: object = dataclasses.field(repr=False, compare=False)
 
     @property
@@ -116,14 +122,16 @@ def slice_mesh(target: str, tp: int) -> Mesh:
 def lower_step(cfg: ModelConfig, target: str, tp: int, lim: StepLimits, kind: str, *,
                impl: str = "auto", rules: ShardingRules = ShardingRules(),
                unroll: int | bool = 1):
-    """The engine step of `kind` on a tp-device slice of `target`, lowered (not compiled);
-    with the attention plan, layout and the abstract cache."""
+    """The engine step of `kind` on a tp-device slice of `target`, lowered (not compiled) as the
+    engine jits it (`step_jit`: the cache donated, its device layout pinned row-major); with the
+    attention plan, layout and the abstract cache."""
     get_target(target)
     mesh = slice_mesh(target, tp)
     plan = make_plan(cfg, impl, mesh)
     layout = step_layout(kind, lim)
     shape = cache_shape(cfg, plan, lim.num_pages, lim.page_size)
-    cache = jax.ShapeDtypeStruct(shape, jnp_dtype(cfg), sharding=cache_sharding(mesh, shape))
+    fmt = cache_format(cache_sharding(mesh, shape))
+    cache = jax.ShapeDtypeStruct(shape, jnp_dtype(cfg), sharding=fmt)
     replicated = NamedSharding(mesh, PartitionSpec())
     batch = {k: jax.ShapeDtypeStruct(np.shape(v), np.asarray(v).dtype, sharding=replicated)
              for k, v in example_batch(layout, kind == "verify").arrays().items()}
@@ -132,7 +140,8 @@ def lower_step(cfg: ModelConfig, target: str, tp: int, lim: StepLimits, kind: st
     if kind != "verify":
         static["num_top"] = 0
     fn = step_function("verify" if kind == "verify" else "sample")
-    return fn.lower(params, cache, cache, batch, **static), plan, layout, cache
+    jitted = step_jit(fn, fmt, params, replicated, **static)
+    return jitted.lower(params, cache, batch), plan, layout, cache
 
 
 def compile_step(cfg: ModelConfig, target: str, tp: int, lim: StepLimits, kind: str, *,
@@ -145,7 +154,7 @@ def compile_step(cfg: ModelConfig, target: str, tp: int, lim: StepLimits, kind: 
                                                   rules=rules, unroll=unroll)
         compiled = lowered.compile()
     m = compiled.memory_analysis()
-    kv = 2 * math.prod(cache.sharding.shard_shape(cache.shape)) * cache.dtype.itemsize
+    kv = math.prod(cache.sharding.shard_shape(cache.shape)) * cache.dtype.itemsize
     return CompiledStep(kind, plan.impl, target, tp, layout, int(m.argument_size_in_bytes),
                         int(m.output_size_in_bytes), int(m.alias_size_in_bytes),
                         int(m.temp_size_in_bytes), int(m.generated_code_size_in_bytes), kv,

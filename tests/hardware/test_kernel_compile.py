@@ -21,22 +21,9 @@ SHIPPED = {
     "llama3.1-405b-tp16": (128, 8, 128, 16, 16, "bfloat16"),
 }
 
-# the TPU KV write does not compile for bfloat16 caches yet (Mosaic: "Offsets along tiled
-# dimensions must be aligned to tiles ... index at dimension 3 is divisible by the tile
-# dimension 8"): a dynamic single-token offset into a bf16 page, whose sublane tile is 16 rows
-TPU_BF16_WRITE = pytest.mark.xfail(
-    strict=True, reason="TPU write_kv: Mosaic cannot compile a single-token store into a "
-    "bfloat16 page (offsets along tiled dimensions must be aligned to tiles)")
-
 
 def _params(cases):
-    out = []
-    for case, target in cases:
-        tpu_bf16_write = (case.kernel == "write" and case.dtype == "bfloat16"
-                          and target in ("v5e", "v5p", "v6e"))
-        out.append(pytest.param(case, target, id=f"{case.label}-{target}",
-                                marks=[TPU_BF16_WRITE] if tpu_bf16_write else []))
-    return out
+    return [pytest.param(case, target, id=f"{case.label}-{target}") for case, target in cases]
 
 
 def _run(case: KernelCase, target: str) -> None:

@@ -16,12 +16,6 @@ from tests.hardware.compilers import require_compiler
 CONFIGS = pathlib.Path(__file__).resolve().parents[2] / "configs"
 DEPLOY = ("tpu_v5p64_qwen25_7b", "tpu_v6e32_llama3_8b", "gpu_8xh200", "gpu_4x8xh100_llama31_405b")
 
-TPU_BF16_WRITE = pytest.mark.xfail(
-    strict=True, reason="TPU write_kv does not compile for bfloat16 caches (Mosaic: offsets "
-    "along tiled dimensions must be aligned to tiles)")
-V6E_REFERENCE_OOM = pytest.mark.xfail(
-    strict=True, raises=ConfigError, reason="the reference scatter write transposes the whole "
-    "cache inside the layer loop at 2 KV heads per device: out of v6e HBM")
 # the jnp reference attention materializes the prefill region's scores over the whole page table
 # (max_num_batched_tokens x max_model_len per head): v5p Qwen2.5-7B 125.7 GB of temporaries,
 # H200 Qwen2.5-7B 119 GiB, 405B on H100 19 GiB
@@ -36,11 +30,7 @@ def _cases():
         for impl in ("auto", "reference"):
             for kind in STEP_KINDS:
                 marks = []
-                if name.startswith("tpu_") and impl == "auto":
-                    marks.append(TPU_BF16_WRITE)
-                if name == "tpu_v6e32_llama3_8b" and impl == "reference":
-                    marks.append(V6E_REFERENCE_OOM)
-                elif impl == "reference" and kind != "decode":
+                if impl == "reference" and kind != "decode":
                     marks.append(REFERENCE_PREFILL_OOM)
                 out.append(pytest.param(name, impl, kind, id=f"{name}-{impl}-{kind}",
                                         marks=marks))
