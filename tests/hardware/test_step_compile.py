@@ -22,6 +22,12 @@ DEPLOY = ("tpu_v5p64_qwen25_7b", "tpu_v6e32_llama3_8b", "gpu_8xh200", "gpu_4x8xh
 REFERENCE_PREFILL_OOM = pytest.mark.xfail(
     strict=True, raises=ConfigError, reason="impl=reference: the prefill region's attention "
     "scores over the whole page table exceed HBM at the config's batch limits")
+# 405B at tp16 holds its 8 KV heads replicated (fewer than the shards); the compiled reference
+# decode step then needs 18.0 GiB of temporaries, about a second copy of the 16 GiB cache:
+# 81.25 GiB per device against the config's 74
+REFERENCE_REPLICATED_CACHE_OOM = pytest.mark.xfail(
+    strict=True, raises=ConfigError, reason="impl=reference with the cache replicated over tp16: "
+    "18 GiB of temporaries in the decode step, over the 74 GiB budget")
 
 
 def _cases():
@@ -32,6 +38,8 @@ def _cases():
                 marks = []
                 if impl == "reference" and kind != "decode":
                     marks.append(REFERENCE_PREFILL_OOM)
+                elif impl == "reference" and name == "gpu_4x8xh100_llama31_405b":
+                    marks.append(REFERENCE_REPLICATED_CACHE_OOM)
                 out.append(pytest.param(name, impl, kind, id=f"{name}-{impl}-{kind}",
                                         marks=marks))
     return out
