@@ -188,6 +188,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="with --speculation: SmolLM2 on natural prompts, or the random model")
     ap.add_argument("--rows", default="inprocess_spec,roofline,ray_spec,ray_plain",
                     help="with --speculation: the rows to run (comma-separated)")
+    ap.add_argument("--max-stale-steps", type=int, default=1,
+                    help="with --speculation: draft_service.max_stale_steps of the Ray rows")
     ap.add_argument("--temperature", type=float, default=1.0,
                     help="with --speculation --model smollm2: the sampling temperature")
     ap.add_argument("--cost-model", default="smollm2-135m",

@@ -17,8 +17,8 @@ emulated-clock rows need none: compiles do not count on that clock).
 
 Rows:
 - inprocess_spec: 2 in-process slices sharing one `InProcessDraftService`, clock concurrent;
-- ray_spec: 2 Ray actors, each drafting from its replica of the draft service (1 shard, at most
-  one step stale), clock concurrent; ray_plain: the same actors' workload without speculation;
+- ray_spec: 2 Ray actors, each drafting from its replica of the draft service (1 shard, pulls
+  waited for once `--max-stale-steps` old, default 1), clock concurrent; ray_plain: the same actors' workload without speculation;
 - roofline_spec / roofline_plain: in process, emulated clock with the roofline step time on an
   H100 (what `time_model=roofline` uses) of `--cost-model` (SmolLM2) or of the random model's
   own shape: the modelled tokens/s.
@@ -37,6 +37,7 @@ import time
 
 import jax
 
+from seer_jax.drafting.replicated import SyncConfig
 from seer_jax.drafting.service import InProcessDraftService
 from seer_jax.engine.engine import EngineConfig
 from seer_jax.engine.speculation import Speculator
@@ -117,7 +118,8 @@ def _ray(cfg, weights, prompts, args, sampling, speculation, backend):
     group = make_ray_instances(cfg, weights, num_instances=2, tp=1, backend=backend,
                                engine_config=dataclasses.replace(ENGINE, speculation=speculation),
                                eos_ids=cfg.eos_token_ids, record_steps=True,
-                               spec_budget=roofline_budget(cfg) if speculation else None)
+                               spec_budget=roofline_budget(cfg) if speculation else None,
+                               draft_service=SyncConfig(max_stale_steps=args.max_stale_steps))
     try:
         _rollout(group.instances, group.pool, prompts, args, sampling, "concurrent")  # warm-up
         group.reset()
