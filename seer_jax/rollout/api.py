@@ -15,7 +15,8 @@ import logging
 import os
 import pathlib
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import ml_collections
 
@@ -55,6 +56,9 @@ class RolloutRun:
     kv_capacity_tokens: int = 0
     # with a journal: its path, records and bytes written by this run, seconds spent writing
     journal: dict | None = None
+    # with carry_over: policy -> the `CarryOver` holding the groups its rollout left unfinished
+    # (pass it as `run_rollout(config, carry=run.carry)` to continue them)
+    carry: dict | None = None
 
 
 def build_prompts(c, tokenizer) -> tuple[list[list[int]], list[str]]:
@@ -74,15 +78,22 @@ def build_prompts(c, tokenizer) -> tuple[list[list[int]], list[str]]:
 def run_rollout(c: ml_collections.ConfigDict,
                 progress: Callable[[str], Callable] | None = None,
                 catalog: PolicyCatalog = CATALOG,
-                resume: str | os.PathLike | None = None) -> RolloutRun:
+                resume: str | os.PathLike | None = None,
+                carry: Mapping[str, Any] | None = None) -> RolloutRun:
     """Run every policy of `c.policies` on the same prompts and seeds. A policy that needs true
     lengths (an analysis oracle, from `catalog`) gets those of the first run.
 
     With `c.journal_dir` the rollout is journaled there (`seer_jax.rollout.core.journal`);
     `resume`: the directory of a journal to continue (its fingerprint must match this config's):
     finished responses are returned as recorded, unfinished ones continue after their recorded
-    tokens, and when every policy is recorded done no model or engine is loaded at all."""
+    tokens, and when every policy is recorded done no model or engine is loaded at all.
+
+    With `c.carry_over` (partial rollout) each policy's rollout returns once `c.target_groups`
+    groups are complete, its own groups and the carried ones; the others are in `RolloutRun.carry`.
+    `carry`: that dict from an earlier run of the same policies: its groups run too, continuing
+    after their tokens (by re-prefill: the earlier run's KV pools are gone)."""
     policies = validate_config(c, catalog)
+    carries = _carries(c, policies, carry)
     if c.backend == "inprocess":
         ensure_cpu_devices(c.num_instances * c.tp)
     journal, state, prompts, tok = _open_journal(c, resume)
@@ -112,7 +123,7 @@ def run_rollout(c: ml_collections.ConfigDict,
 
         fault = FaultPlan(c.fault_kill_instance, c.fault_after_chunks, c.fault_when)
     res = _Resources()
-    res.journal, res.state = journal, state
+    res.journal, res.state, res.carry = journal, state, carries
     try:
         res.pools = _KVPools(c)
         _run_policies(c, policies, catalog, progress, res, prompts, sampling, cfg, params, tok,
@@ -122,11 +133,42 @@ def run_rollout(c: ml_collections.ConfigDict,
         raise
     res.close()
     run = _finish_run(c, policies, prompts, outputs, step_logs, res.kv_capacity)
+    if carries is not None:
+        run.carry = carries
+        run.summary["carried_groups"] = {p: len(k) for p, k in carries.items()}
     if journal is not None:
         journal.close()
         run.journal = {"path": str(journal.path), "records": journal.records,
                        "bytes": journal.bytes, "write_s": journal.write_s}
     return run
+
+
+def _carries(c: ml_collections.ConfigDict, policies: list[str],
+             carry: Mapping[str, Any] | None) -> dict | None:
+    """policy -> the `CarryOver` its rollout continues (None without carry_over)."""
+    from seer_jax.rollout.core.carry import CarryOver
+
+    if not c.carry_over:
+        if carry:
+            raise ConfigError("run_rollout(carry=...) with config.carry_over=False is invalid: "
+                              "the carried groups would be dropped; allowed: carry_over=True")
+        return None
+    carry = dict(carry or {})
+    unknown = sorted(set(carry) - set(policies))
+    if unknown:
+        raise ConfigError(f"run_rollout(carry=...) holds policies {unknown} that config.policies="
+                          f"{c.policies!r} does not run; allowed: {policies}")
+    out = {}
+    for p in policies:
+        k = carry.get(p)
+        if k is None:
+            k = CarryOver()
+        if not isinstance(k, CarryOver):
+            raise ConfigError(f"run_rollout(carry={{{p!r}: {type(k).__name__}}}) is invalid; "
+                              "allowed: the CarryOver of an earlier run (RolloutRun.carry)")
+        k.forget_kv()  # the pools of the run that filled it are closed
+        out[p] = k
+    return out
 
 
 class _Resources:
@@ -138,6 +180,7 @@ class _Resources:
         self.inprocess_pool = None
         self.kv_capacity = 0
         self.journal = self.state = None  # the run's journal writer, and the state it resumes
+        self.carry = None  # policy -> CarryOver (carry_over)
 
     def close(self, quiet: bool = False) -> None:
         """Release everything; the first error of a release is raised after all were tried
@@ -177,6 +220,8 @@ def _run_policies(c, policies, catalog, progress, run, prompts, sampling, cfg, p
         pol = catalog.make(policy, hindsight)
         journaled = {} if journal is None else {
             "journal": journal.for_policy(policy), "restore": records_to_restore(state, policy)}
+        if run.carry is not None:
+            journaled.update(carry=run.carry[policy], target_groups=c.target_groups or None)
         if c.backend == "ray":
             ray_group = run.ray_group = _ray_group(c, cfg, engine_cfg, eos, run.ray_group,
                                                    pools.ray_factory())

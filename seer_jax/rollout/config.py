@@ -75,6 +75,12 @@ def default_config() -> ml_collections.ConfigDict:
     # `seer-jax rollout --resume DIR` continues it after a crash (see docs/deployment.md)
     c.journal_dir = ""
     c.journal_fsync = False  # also fsync each record (survives a host crash; slower)
+    # partial rollout across calls (off: every rollout waits for every group, on-policy): with
+    # carry_over each policy's rollout returns once target_groups groups are complete (0: every
+    # group) and carries the others, tokens and all (`RolloutRun.carry`), into the next
+    # `run_rollout(config, carry=run.carry)`; see docs/deployment.md
+    c.carry_over = False
+    c.target_groups = 0
     # fault injection (clock "concurrent"): kill instance K after N chunks ended (-1 = off), at
     # once ("chunks"), right after it put KV into the pool ("kv_put") or while it imports KV
     # another instance wrote ("kv_load", backend ray)
@@ -230,6 +236,17 @@ def validate_config(c: ml_collections.ConfigDict, catalog: PolicyCatalog = CATAL
         bad("journal_dir", c.journal_dir, "a directory path, or '' for no journal")
     if not isinstance(c.journal_fsync, bool):
         bad("journal_fsync", c.journal_fsync, "allowed: True or False")
+    if not isinstance(c.carry_over, bool):
+        bad("carry_over", c.carry_over, "allowed: True or False")
+    t = c.target_groups
+    if isinstance(t, bool) or not isinstance(t, int) or t < 0:
+        bad("target_groups", t, "allowed: 0 (every group) or an integer >= 1")
+    if t and not c.carry_over:
+        bad("target_groups", t, "allowed: 0 unless carry_over=True (the groups left unfinished "
+            "would be lost)")
+    if c.carry_over and c.journal_dir:
+        bad("journal_dir", c.journal_dir, "allowed: '' with carry_over=True (a partial rollout "
+            "continues from its carry-over, not from a journal)")
     if c.fault_when not in FAULT_WHEN:
         bad("fault_when", c.fault_when, f"allowed: {', '.join(FAULT_WHEN)}")
     if c.fault_when == "kv_load" and c.fault_kill_instance != -1 and c.backend != "ray":
@@ -249,5 +266,8 @@ def validate_config(c: ml_collections.ConfigDict, catalog: PolicyCatalog = CATAL
         bad("policies", c.policies, "give one or more comma-separated policy names")
     for p in policies:
         catalog.check(p, "policies")
+        if c.target_groups and not catalog.classes[p].divided:
+            bad("target_groups", c.target_groups, f"allowed: 0 with policy {p!r}, which runs each "
+                "request whole as one chunk (nothing is left to carry over)")
     catalog.check_options(c.policy.to_dict(), "policy")
     return policies

@@ -51,6 +51,11 @@ class CarryOver:
     def unfinished_requests(self) -> int:
         return sum(r.finish_reason is None for g in self.groups for r in g.records)
 
+    def forget_kv(self) -> None:
+        """Drop the KV handles (the pool they name is gone): carried requests re-prefill."""
+        for g in self.groups:
+            g.kv.clear()
+
     def new_group_ids(self, n: int) -> list[str]:
         """Ids for this call's new groups, unique across calls."""
         return [f"c{self.calls}g{i}" for i in range(n)]
