@@ -99,11 +99,12 @@ def lower_kernel(case: KernelCase, target_name: str):
                         layer, i32(num_tokens))
 
 
-def compile_kernel(case: KernelCase, target_name: str):
+def compile_kernel(case: KernelCase, target_name: str, matmul_precision: str = "default"):
     """Compile `case` for the target with the target's own compiler (Mosaic for TPU, Triton and
-    ptxas for GPU); raises what the compiler raises. Lowered at JAX's default matmul precision,
-    the engine's (a process-wide "highest" makes Mosaic refuse bfloat16 matmuls)."""
-    with jax.default_matmul_precision("default"):
+    ptxas for GPU); raises what the compiler raises. Lowered under the process-wide
+    `matmul_precision` ("default" is the engine's; the kernels' dots set their own precision, so
+    "highest" compiles too)."""
+    with jax.default_matmul_precision(matmul_precision):
         return lower_kernel(case, target_name).compile()
 
 

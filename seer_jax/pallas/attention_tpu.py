@@ -35,6 +35,14 @@ from seer_jax.pallas.tree import KERNEL_TREE_WINDOW, kernel_tree_mask, token_seq
 NEG = -1e30
 
 
+def _dot_precision(dtype) -> jax.lax.Precision:
+    """The kernel's dot precision, explicit so that a process-wide jax_default_matmul_precision
+    cannot change it: bf16 operands multiply once on the MXU (Mosaic refuses "highest" for them:
+    "Bad lhs type"), f32 operands at full f32 precision (as the GPU kernel, no TF32)."""
+    return (jax.lax.Precision.HIGHEST if jnp.dtype(dtype) == jnp.float32
+            else jax.lax.Precision.DEFAULT)
+
+
 def _kernel(
     # scalar prefetch (SMEM)
     layer_ref,  # [1]
@@ -128,10 +136,11 @@ def _kernel(
             buf = kv_buf.at[slot]
             for h in range(num_kv_heads):
                 k = buf[:, 2 * h, :]  # [kv_blk, D] cache dtype
+                prec = _dot_precision(k.dtype)
                 v = buf[:, 2 * h + 1, :]
                 v = jnp.where(kpos_col < kv_end, v, jnp.zeros_like(v))  # stale / NaN never leak
                 q = (q_ref[h].astype(jnp.float32) * sm_scale).astype(k.dtype)  # MXU dtype
-                s = jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())),
+                s = jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), precision=prec,
                                         preferred_element_type=jnp.float32)  # [rows, kv_blk]
                 m_prev = m_ref[h]
                 m_new = jnp.maximum(m_prev,
@@ -140,7 +149,7 @@ def _kernel(
                 alpha = jnp.exp(m_prev - m_new)
                 l_ref[h] = alpha * l_ref[h] + jnp.sum(p, axis=1, keepdims=True)
                 acc_ref[h] = alpha * acc_ref[h] + jnp.dot(
-                    p.astype(v.dtype), v, preferred_element_type=jnp.float32)
+                    p.astype(v.dtype), v, precision=prec, preferred_element_type=jnp.float32)
                 m_ref[h] = m_new
             return c
 

@@ -56,3 +56,13 @@ def test_kernel_grid_corners_compile(case, target):
 @pytest.mark.parametrize("case,target", _params(PRODUCT_CASES))
 def test_kernel_product_compiles(case, target):
     _run(case, target)
+
+
+@pytest.mark.parametrize("target", ["v5e", "h100"])
+@pytest.mark.parametrize("kernel", ["decode", "mixed", "tree"])
+def test_attention_compiles_under_highest_matmul_precision(kernel, target):
+    """A process-wide jax_default_matmul_precision="highest" (as in this test suite) does not
+    reach the kernels' dots: bfloat16 and float32 attention compile under it."""
+    require_compiler(target)
+    for dtype in ("bfloat16", "float32"):
+        compile_kernel(KernelCase(kernel, 8, 2, 128, dtype, 16), target, "highest")
