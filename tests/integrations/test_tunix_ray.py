@@ -13,7 +13,9 @@ from seer_jax.rollout.core.types import SamplingParams
 from tests.integrations.tunix_tiny import tunix_model
 
 pytest.importorskip("tunix")
-pytestmark = pytest.mark.slow  # a Ray cluster and engines: make test runs these
+# a Ray cluster and engines: make test runs these (on the worker that holds the cluster),
+# test-fast does not
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("ray")]
 
 PROMPTS = ["12+34=", "7*8=", "99-5="]
 G = 3
@@ -22,16 +24,10 @@ ENGINE = EngineConfig(num_pages=96, page_size=8, max_num_seqs=16, max_num_batche
 
 
 @pytest.fixture(scope="module")
-def ray_backend():
-    pytest.importorskip("ray", reason="Ray is not installed (pip install 'seer-jax[ray]')")
-    import ray
+def ray_backend(ray_cluster):
+    from seer_jax.rollout.backends.ray_cluster import RayBackendConfig
 
-    from seer_jax.rollout.backends.ray_cluster import RayBackendConfig, ensure_ray
-
-    backend = RayBackendConfig(step_timeout_s=120.0, object_store_mb=200, num_cpus=4)
-    ensure_ray(backend)
-    yield backend
-    ray.shutdown()
+    return RayBackendConfig(step_timeout_s=120.0, object_store_mb=200, num_cpus=4)
 
 
 def _rollouts(actor, ray_backend):

@@ -155,6 +155,7 @@ def test_layered_cache_lowers_without_slicing_the_pool(impl):
 
 
 @pytest.mark.slow
+@pytest.mark.exhaustive  # minutes per platform: make test-all runs it
 @pytest.mark.parametrize("impl", list(PLATFORMS))
 def test_attention_lowers_exhaustive(impl):
     """Every layout x dtype x page size x batch kind (about 200 lowerings per platform)."""

@@ -25,7 +25,9 @@ from seer_jax.rollout.core.run import rollout
 from seer_jax.rollout.core.types import SamplingParams
 from tests.rollout.tiny_rollout import CFG, ENGINE, GROUPS, PARAMS
 
-pytestmark = pytest.mark.slow  # engines or a cluster: make test runs these, test-fast does not
+# a Ray cluster and engines: make test runs these (on the worker that holds the cluster),
+# test-fast does not
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("ray")]
 
 REQUEST_IDS = sorted(f"g{g}/{j}" for g in range(4) for j in range(3))
 GREEDY = SamplingParams(temperature=0.0)
@@ -38,16 +40,6 @@ def always_on():
     def make():
         return SpeculationBudget(lambda b, g: 1.0, BudgetConfig(beta_init=0.9))
     return make
-
-
-@pytest.fixture(scope="module")
-def ray_cluster():
-    ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'seer-jax[ray]')")
-    from seer_jax.rollout.backends.ray_cluster import ensure_ray
-
-    ensure_ray(RayBackendConfig(object_store_mb=200, num_cpus=8))
-    yield ray
-    ray.shutdown()
 
 
 @pytest.fixture(scope="module")

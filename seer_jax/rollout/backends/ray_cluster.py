@@ -182,6 +182,7 @@ def ensure_ray(config: RayBackendConfig, min_cpus: int = 1) -> Any:
     for k, v in LOOPBACK_ENV.items():
         os.environ.setdefault(k, v)
     ray.init(
+        address="local",  # a new cluster, never one another process started on this machine
         num_cpus=config.num_cpus or max(os.cpu_count() or 1, min_cpus),
         object_store_memory=config.object_store_mb * 1024 * 1024,
         include_dashboard=False,
