@@ -14,7 +14,7 @@ import ml_collections
 from seer_jax.errors import ConfigError
 from seer_jax.rollout.backends.ray_cluster import RayBackendConfig
 from seer_jax.rollout.core.concurrent_driver import FAULT_WHEN
-from seer_jax.rollout.core.controller import ControllerConfig
+from seer_jax.rollout.core.controller_config import ControllerConfig
 from seer_jax.rollout.core.driver import CLOCKS
 from seer_jax.rollout.core.policies import CATALOG, PolicyCatalog, default_policy_options
 
@@ -36,7 +36,7 @@ def default_config() -> ml_collections.ConfigDict:
     c.tp = 1
     c.policies = "seer"  # comma-separated: each runs on the same prompts and seeds
     c.baseline = "group_round_robin"  # ratios are taken against it when it ran (else the first)
-    # Controller settings: every field of seer_jax.rollout.core.controller.ControllerConfig.
+    # Controller settings: every field of seer_jax.rollout.core.controller_config.ControllerConfig.
     c.controller = ml_collections.ConfigDict(dataclasses.asdict(ControllerConfig(chunk_size=64)))
     c.policy = default_policy_options()  # policy.<name>.<option>
     # "emulated" (virtual clock per instance), "wall" (instances stepped in turn) or
@@ -60,6 +60,9 @@ def default_config() -> ml_collections.ConfigDict:
     # hosts one slice spans: one actor and bundle per host, tp / hosts devices each, joined
     # under jax.distributed
     c.ray_hosts_per_slice = 1
+    # where a multi-host slice's jax.distributed coordinator listens: "" = its leader's cluster
+    # address, or an IP address of the leader host (never every interface: no authentication)
+    c.ray_coordinator_bind_address = ""
     # steps queued on each actor (clock concurrent): 2 = the next step starts while the
     # controller reads the last one's results; 1 = one step per round trip
     c.ray_pipeline_depth = 2
@@ -169,7 +172,8 @@ def ray_backend_config(c: ml_collections.ConfigDict) -> RayBackendConfig:
                             liveness_timeout_s=c.ray_liveness_timeout_s,
                             startup_timeout_s=c.ray_startup_timeout_s,
                             hosts_per_slice=c.ray_hosts_per_slice,
-                            pipeline_depth=c.ray_pipeline_depth)
+                            pipeline_depth=c.ray_pipeline_depth,
+                            coordinator_bind_address=c.ray_coordinator_bind_address)
 
 
 def validate_config(c: ml_collections.ConfigDict, catalog: PolicyCatalog = CATALOG) -> list[str]:

@@ -27,7 +27,7 @@ import numpy as np
 from seer_jax.engine.engine import EngineConfig
 from seer_jax.errors import SeerError
 from seer_jax.model.config import ModelConfig
-from seer_jax.rollout.backends.ray_cluster import pin_to_cpu_core
+from seer_jax.rollout.backends.ray_cluster import coordinator_bind, pin_to_cpu_core
 from seer_jax.rollout.core.instance import KVPool
 from seer_jax.rollout.core.types import ChunkRequest, InstanceLoad, StepReport
 
@@ -131,18 +131,21 @@ class EngineActor:
             port = s.getsockname()[1]
         return f"{ray.util.get_node_ip_address()}:{port}"
 
-    def join(self, coordinator: str, timeout_s: int = 300) -> int:
+    def join(self, coordinator: str, timeout_s: int = 300, bind_address: str = "") -> int:
         """Join the slice's `jax.distributed` cluster (every host of the slice at once) and build
-        the engine over the global mesh of the slice's devices; returns the process index."""
+        the engine over the global mesh of the slice's devices; returns the process index.
+        bind_address: where the leader's coordinator listens (`coordinator_bind`: "" = the
+        coordinator's own address)."""
         import jax
 
-        if os.environ.get("JAX_PLATFORMS") == "cpu":
-            jax.config.update("jax_cpu_collectives_implementation", "gloo")
         # the leader's coordinator listens on its cluster address only (JAX's default binds
         # every interface, [::]); the coordinator has no authentication
+        bind = coordinator_bind(coordinator, bind_address) if self.host == 0 else None
+        if os.environ.get("JAX_PLATFORMS") == "cpu":
+            jax.config.update("jax_cpu_collectives_implementation", "gloo")
         jax.distributed.initialize(coordinator_address=coordinator, num_processes=self.hosts,
                                    process_id=self.host, initialization_timeout=timeout_s,
-                                   coordinator_bind_address=coordinator if self.host == 0 else None)
+                                   coordinator_bind_address=bind)
         self._local_devices()
         devices = jax.devices()
         if len(devices) != self.tp:

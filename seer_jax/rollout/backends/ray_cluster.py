@@ -14,6 +14,7 @@ Ray is an optional dependency (`pip install seer-jax[ray]`): this module imports
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import os
 import pathlib
 import sys
@@ -72,6 +73,10 @@ class RayBackendConfig:
     XLA thread pool spreading over all cores and contending with the others.
     pipeline_depth: steps kept queued on each actor by the concurrent driver (1 = one step per
     round trip; 2 = the next step starts while the driver reads the last one's results).
+    coordinator_bind_address: where the `jax.distributed` coordinator of a multi-host slice
+    listens (on its leader, host 0): "" = the leader's cluster address (the Ray node address the
+    other hosts connect to), or an IP address of the leader host. Never every interface (JAX's
+    default, [::]): the coordinator has no authentication.
     """
 
     address: str = ""
@@ -88,6 +93,7 @@ class RayBackendConfig:
     hosts_per_slice: int = 1
     pin_cpus: bool = False
     pipeline_depth: int = 2
+    coordinator_bind_address: str = ""
 
     def validate(self) -> RayBackendConfig:
         if self.resource not in RESOURCES:
@@ -117,6 +123,7 @@ class RayBackendConfig:
         if not isinstance(depth, int) or isinstance(depth, bool) or not 1 <= depth <= 8:
             raise ConfigError(
                 f"ray pipeline_depth={depth!r} is invalid; allowed: an integer from 1 to 8")
+        check_bind_address(self.coordinator_bind_address)
         if self.pin_cpus and self.resource != "CPU":
             raise ConfigError(f"ray pin_cpus=True is invalid with resource={self.resource!r}; "
                               "allowed: resource='CPU'")
@@ -157,6 +164,35 @@ class RayBackendConfig:
             env["PYTHONPATH"] = os.pathsep.join(
                 p for p in (root, os.environ.get("PYTHONPATH", "")) if p)
         return env
+
+
+def check_bind_address(value: Any) -> None:
+    """ConfigError unless `value` is "" or an IP address that is not a wildcard."""
+    allowed = ("allowed: '' (the slice leader's cluster address) or an IP address of the leader "
+               "host, without a port")
+    if not isinstance(value, str):
+        raise ConfigError(f"ray coordinator_bind_address={value!r} is invalid; {allowed}")
+    if not value:
+        return
+    try:
+        ip = ipaddress.ip_address(value[1:-1] if value.startswith("[") else value)
+    except ValueError:
+        raise ConfigError(f"ray coordinator_bind_address={value!r} is invalid; {allowed}") from None
+    if ip.is_unspecified:
+        raise ConfigError(f"ray coordinator_bind_address={value!r} is invalid: it listens on every "
+                          f"interface and the coordinator has no authentication; {allowed}")
+
+
+def coordinator_bind(coordinator: str, bind_address: str = "") -> str:
+    """The host:port the `jax.distributed` coordinator at `coordinator` (host:port) listens on:
+    `bind_address` (checked by `check_bind_address`), or else the coordinator's own host, with
+    the coordinator's port."""
+    check_bind_address(bind_address)
+    host, port = coordinator.rsplit(":", 1)
+    host = bind_address or host
+    if ":" in host and not host.startswith("["):  # IPv6
+        host = f"[{host}]"
+    return f"{host}:{port}"
 
 
 def require_ray() -> Any:

@@ -354,7 +354,7 @@ def make_ray_instances(cfg: ModelConfig, weights: Weights, *, num_instances: int
             leaders = await_startup([actors[0].coordinator.remote() for actors in slices],
                                     backend, what)
             timeout = int(backend.startup_timeout_s)
-            await_startup([a.join.remote(addr, timeout)
+            await_startup([a.join.remote(addr, timeout, backend.coordinator_bind_address)
                            for addr, actors in zip(leaders, slices, strict=True) for a in actors],
                           backend, what)
         snaps = await_startup([actors[0].snapshot.remote() for actors in slices], backend, what)
