@@ -12,17 +12,8 @@ from seer_jax.rollout.core.run import rollout
 from tests.rollout.carry_check import CONFIG, GREEDY, MAX, G, check_kv_reuse, reference, two_calls
 from tests.rollout.tiny_rollout import CFG, ENGINE, PARAMS
 
-pytestmark = pytest.mark.slow  # a cluster and engine actors
-
-
-@pytest.fixture(scope="module")
-def ray_cluster():
-    ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'seer-jax[ray]')")
-    from seer_jax.rollout.backends.ray_cluster import ensure_ray
-
-    ensure_ray(RayBackendConfig(object_store_mb=200, num_cpus=8))
-    yield ray
-    ray.shutdown()
+# a cluster and engine actors, on the worker that holds the cluster
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("ray")]
 
 
 @pytest.fixture(scope="module")

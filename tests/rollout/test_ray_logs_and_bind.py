@@ -20,6 +20,9 @@ from seer_jax.rollout.backends.ray_cluster import (
 )
 from seer_jax.rollout.config import default_config, validate_config
 
+# the tests on a cluster run on the worker that holds it (`make test`: --dist loadgroup)
+pytestmark = pytest.mark.xdist_group("ray")
+
 WILDCARDS = ("0.0.0.0", "::", "[::]")
 
 
@@ -34,8 +37,8 @@ def test_ensure_ray_forwards_actor_logs_to_the_driver(monkeypatch, address):
         monkeypatch.setenv(k, v)
     ensure_ray(RayBackendConfig(address=address))
     assert len(calls) == 1 and calls[0]["log_to_driver"] is True
-    if address:  # joins the configured cluster (a local one is started otherwise)
-        assert calls[0]["address"] == address
+    # joins the configured cluster, or starts a new local one (never one found on the machine)
+    assert calls[0]["address"] == (address or "local")
 
 
 @pytest.mark.parametrize(("coordinator", "bind", "want"), [
@@ -106,14 +109,6 @@ def test_the_leader_binds_the_configured_address_and_followers_bind_nothing(monk
 
 
 # ---- on a local cluster ------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def ray_cluster():
-    ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'seer-jax[ray]')")
-    ensure_ray(RayBackendConfig(object_store_mb=200, num_cpus=8))
-    yield ray
-    ray.shutdown()
-
-
 def _wait_for(capfd, *markers, timeout_s=120.0):
     """The driver's output until every marker appeared in it (Ray's log monitor forwards actor
     output asynchronously); fails naming what never came."""
