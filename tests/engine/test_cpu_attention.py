@@ -95,7 +95,7 @@ def test_bfloat16_cache_matches_reference():
                                atol=2e-2, rtol=2e-2)
 
 
-@settings(max_examples=15, deadline=None)
+@settings(max_examples=8, deadline=None)
 @given(lens=st.lists(st.integers(1, 48), min_size=1, max_size=6), extra=st.integers(0, 3),
        page_size=st.sampled_from([1, 4, 16]), ppb=st.integers(1, 4), seed=st.integers(0, 2**16))
 @pytest.mark.slow

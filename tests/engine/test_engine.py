@@ -52,7 +52,7 @@ def check_rows(engine):
         assert not rows[s.row, len(s.pages):].any()
 
 
-@pytest.mark.parametrize("tp", [1, 2])
+@pytest.mark.parametrize("tp", [pytest.param(1, marks=pytest.mark.exhaustive), 2])
 @pytest.mark.slow
 def test_greedy_equals_reference_staggered_chunked(tp):
     mesh = make_mesh(jax.devices()[:tp]) if tp > 1 else None

@@ -63,7 +63,7 @@ def run(engine, requests, arrive_every=5):
     return out
 
 
-@pytest.mark.parametrize("width", [1, 4])
+@pytest.mark.parametrize("width", [1, pytest.param(4, marks=pytest.mark.exhaustive)])
 def test_group_drafts_greedy_identical_and_accepted(width):
     ref = generate(PARAMS, CFG, PROMPTS, 40)
     spec = Speculator(budget=always_on(width))
