@@ -24,7 +24,9 @@ Rows:
   own shape: the modelled tokens/s.
 `--rows` picks rows (inprocess_spec, roofline, ray_spec, ray_plain); the JSON is written after
 every row, so a run cut short keeps what it measured.
-Per row: accepted draft tokens per decode step, acceptance, tokens/s; for ray_spec also bytes
+Per row: accepted draft tokens per sequence decode step (the mean accepted draft length, which
+the drafts decide) and per engine decode step (which the batching also moves), acceptance,
+tokens/s; for ray_spec also bytes
 pushed and pulled per step, the mean pull latency (issue -> applied), the time steps waited for
 late pulls, and the actor's host time drafting + syncing per step against the mean step.
 """
@@ -72,6 +74,11 @@ def _row(out, wall, steps):
     return {"tokens_per_s": rep.output_tokens / wall, "wall_s": wall,
             "output_tokens": rep.output_tokens, "steps": len(steps), "decode_steps": decode_steps,
             "spec_proposed": rep.spec_proposed, "spec_accepted": rep.spec_accepted,
+            # the mean accepted draft length: per sequence decode step (what draft quality
+            # decides), and per engine step (which also depends on how many sequences a step
+            # carries, i.e. on the batching)
+            "sequence_decode_steps": rep.decode_steps,
+            "accepted_per_sequence_step": rep.accepted_per_decode_step,
             "accepted_per_decode_step": rep.spec_accepted / max(decode_steps, 1),
             "accepted_per_token": rep.spec_accepted / max(rep.output_tokens, 1),
             "acceptance": rep.spec_acceptance, "migrations": rep.migrations,
@@ -160,6 +167,10 @@ def _summary(rows: dict, model_name: str) -> dict:
 
     return {
         "model": model_name,
+        "accepted_per_sequence_step_inprocess": inp.get("accepted_per_sequence_step"),
+        "accepted_per_sequence_step_ray": rs.get("accepted_per_sequence_step"),
+        "ray_vs_inprocess_accepted_per_sequence_step": ratio(
+            rs.get("accepted_per_sequence_step"), inp.get("accepted_per_sequence_step")),
         "accepted_per_decode_step_inprocess": inp.get("accepted_per_decode_step"),
         "accepted_per_decode_step_ray": rs.get("accepted_per_decode_step"),
         "ray_vs_inprocess_accepted_per_step": ratio(rs.get("accepted_per_decode_step"),

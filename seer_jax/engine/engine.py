@@ -82,6 +82,9 @@ class RequestMetrics:
     finish_time: float | None = None
     num_preemptions: int = 0
     num_steps: int = 0
+    # decode steps (each emits one token plus the draft tokens it accepted), with or without
+    # drafts: spec_accepted / decode_steps is the mean accepted draft length per step
+    decode_steps: int = 0
     spec_proposed: int = 0
     spec_accepted: int = 0
 
@@ -329,6 +332,8 @@ class Engine:
         decode, prefill, drafts = plan.decode, plan.prefill, plan.drafts
         for seq, _ in [(s, 1) for s in decode] + prefill:
             seq.metrics.num_steps += 1
+        for seq in decode:
+            seq.metrics.decode_steps += 1
         kv_tokens = sum(s.num_computed for s in decode) + sum(s.num_computed for s, _ in prefill)
         now = self.clock()
         finished = []

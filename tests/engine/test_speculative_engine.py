@@ -79,6 +79,12 @@ def test_group_drafts_greedy_identical_and_accepted(width):
     assert spec.accepted > 0.5 * (8 * 40 - 2 * 40)
     assert sum(r.metrics.spec_accepted for r in out.values()) == spec.accepted
     assert eng.step_count < 8 * 40 / 2
+    for r in out.values():
+        # the prefill emits one token, each decode step 1 + its accepted drafts, except that the
+        # last step's are cut at max_tokens
+        m = r.metrics
+        assert 0 <= 1 + m.decode_steps + m.spec_accepted - len(r.token_ids) <= 8, m
+        assert m.decode_steps < len(r.token_ids) - 1
 
 
 @pytest.mark.parametrize("mode", ["all_right", "all_wrong", "tree_second_branch"])

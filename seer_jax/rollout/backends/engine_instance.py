@@ -157,7 +157,7 @@ class EngineInstance:
             finish_reason=(out.finish_reason if done else None), kv_handle=handle,
             submitted_at=submitted, started_at=self._started.pop(out.request_id, step_start),
             ended_at=self._now, num_steps=out.metrics.num_steps,
-            preemptions=out.metrics.num_preemptions,
+            preemptions=out.metrics.num_preemptions, decode_steps=out.metrics.decode_steps,
             spec_proposed=out.metrics.spec_proposed, spec_accepted=out.metrics.spec_accepted,
             kv_bytes_imported=self._imported.pop(out.request_id, 0), kv_bytes_exported=exported,
             reprefill_tokens=self._reprefill.pop(out.request_id, 0),

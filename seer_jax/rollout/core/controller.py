@@ -312,6 +312,7 @@ class Controller:
         req.num_chunks += 1
         req.preemptions += res.preemptions
         req.reprefill_tokens += res.reprefill_tokens
+        req.decode_steps += res.decode_steps
         req.spec_proposed += res.spec_proposed
         req.spec_accepted += res.spec_accepted
         req.kv_bytes_imported += res.kv_bytes_imported
@@ -321,6 +322,7 @@ class Controller:
         st.preemptions += res.preemptions
         st.reprefill_tokens += res.reprefill_tokens
         st.reprefill_chunks += int(res.reprefill_tokens > 0)
+        st.decode_steps += res.decode_steps
         st.spec_proposed += res.spec_proposed
         st.spec_accepted += res.spec_accepted
         st.kv_bytes_imported += res.kv_bytes_imported

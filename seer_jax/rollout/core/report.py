@@ -120,6 +120,8 @@ class RolloutReport:
     lost_instances: list[int]
     # seer's fitted length model at the end of the rollout (mu, tau, sigma, eps, icc), or None
     length_model: dict[str, float] | None = None
+    # decode steps summed over requests (each emits one token plus its accepted drafts)
+    decode_steps: int = 0
     # chunks put back in the buffer because their instance was lost
     redispatched_chunks: int = 0
     # KV pool transfer rate (bytes moved / transfer time, GB/s) where the pool measures it
@@ -143,6 +145,11 @@ class RolloutReport:
     @property
     def spec_acceptance(self) -> float | None:
         return self.spec_accepted / self.spec_proposed if self.spec_proposed else None
+
+    @property
+    def accepted_per_decode_step(self) -> float | None:
+        """Mean accepted draft tokens per sequence decode step (None: no decode step)."""
+        return self.spec_accepted / self.decode_steps if self.decode_steps else None
 
     @property
     def mean_busy_fraction(self) -> float:
@@ -245,6 +252,7 @@ def build_report(results, controller, driver, pool=None) -> RolloutReport:
         kv_pool_evictions=pool_evictions,
         spec_proposed=st.spec_proposed,
         spec_accepted=st.spec_accepted,
+        decode_steps=st.decode_steps,
         length_icc=length_icc(lengths, gidx),
         top10_token_share=top_share(lengths),
         mean_output_len=float(lengths.mean()) if len(lengths) else 0.0,

@@ -55,6 +55,7 @@ class ControllerStats:
     reprefill_chunks: int = 0  # chunks that recomputed their context (no KV in the pool)
     kv_bytes_imported: int = 0
     kv_bytes_exported: int = 0
+    decode_steps: int = 0
     spec_proposed: int = 0
     spec_accepted: int = 0
     lost_instances: list[int] = dataclasses.field(default_factory=list)

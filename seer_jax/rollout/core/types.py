@@ -53,6 +53,7 @@ class ChunkResult:
     ended_at: float
     num_steps: int = 0
     preemptions: int = 0
+    decode_steps: int = 0
     spec_proposed: int = 0
     spec_accepted: int = 0
     kv_bytes_imported: int = 0

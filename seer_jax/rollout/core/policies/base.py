@@ -101,6 +101,7 @@ class RequestState:
     preemptions: int = 0
     reprefill_tokens: int = 0
     migrations: int = 0
+    decode_steps: int = 0
     spec_proposed: int = 0
     spec_accepted: int = 0
     kv_bytes_imported: int = 0
