@@ -12,8 +12,9 @@ Part 2, bytes accessed vs what a decode step must read: batch 128 at context 4K,
 Qwen2.5-7B, v5p tp4 and H100 tp1/tp2: compiled bytes accessed per device (all layers) over
 weights + the batch's KV per device, and the full-depth step's temporaries over its KV cache.
 
-Pallas kernels count in cost_analysis only when they carry a pl.CostEstimate; `attention_counted`
-says whether the compiled bytes include the attention's KV reads.
+Pallas kernels count through their pl.CostEstimate: on TPU the compiler's cost_analysis reads it
+from the Mosaic call; on GPU XLA's cost analysis counts a Triton call as nothing, so the kernels'
+estimates recorded while tracing are added (`hardware.step.step_cost`).
 
     /path/to/compiler-env/bin/python benchmarks/compiled_costs.py --json benchmarks/results/compiled_costs.json
 """

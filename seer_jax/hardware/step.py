@@ -106,6 +106,9 @@ class CompiledStep:
     code_bytes: int
     kv_bytes: int  # the KV cache on one device
     compiled: object = dataclasses.field(repr=False, compare=False)
+    # the `pl.CostEstimate`s of the Pallas calls traced into the step (one per call site: a
+    # layer loop's body once, unrolled layers each)
+    kernel_estimates: tuple = dataclasses.field(default=(), repr=False, compare=False)
 
     @property
     def peak_bytes(self) -> int:
@@ -149,7 +152,11 @@ def compile_step(cfg: ModelConfig, target: str, tp: int, lim: StepLimits, kind: 
                  unroll: int | bool = 1) -> CompiledStep:
     """Compile the step with the target's compiler; its memory_analysis() per device.
     `unroll=True` unrolls the layer scan (for cost analyses, which count a loop body once)."""
-    with jax.default_matmul_precision("default"):  # the engine's (see kernels.compile_kernel)
+    from seer_jax.pallas import cost_estimates
+
+    # a fresh trace, so that the kernels' estimates are recorded (a cached trace records none)
+    jax.clear_caches()
+    with jax.default_matmul_precision("default"), cost_estimates.collect() as estimates:
         lowered, plan, layout, cache = lower_step(cfg, target, tp, lim, kind, impl=impl,
                                                   rules=rules, unroll=unroll)
         compiled = lowered.compile()
@@ -158,15 +165,16 @@ def compile_step(cfg: ModelConfig, target: str, tp: int, lim: StepLimits, kind: 
     return CompiledStep(kind, plan.impl, target, tp, layout, int(m.argument_size_in_bytes),
                         int(m.output_size_in_bytes), int(m.alias_size_in_bytes),
                         int(m.temp_size_in_bytes), int(m.generated_code_size_in_bytes), kv,
-                        compiled)
+                        compiled, tuple(estimates))
 
 
 
 def step_cost(step: CompiledStep) -> dict[str, float]:
     """The compiler's flops and bytes accessed of a compiled step, per device. TPU: the
-    executable's cost_analysis(); GPU (whose deviceless executables report none): XLA's
-    HloCostAnalysis over the optimized GPU module. Pallas calls count only with a
-    `pl.CostEstimate`; a loop body counts once (compile with unroll=True)."""
+    executable's cost_analysis(), which counts each Mosaic call by its `pl.CostEstimate`. GPU
+    (whose deviceless executables report none): XLA's HloCostAnalysis over the optimized GPU
+    module, which counts a Triton call as nothing (its estimate is not in the HLO), plus the
+    kernels' own estimates. A loop body counts once (compile with unroll=True)."""
     if get_target(step.target).platform == "tpu":
         cost = step.compiled.cost_analysis()
     else:
@@ -177,5 +185,9 @@ def step_cost(step: CompiledStep) -> dict[str, float]:
         cost = xla_client._xla.hlo_module_cost_analysis(xla_bridge.get_backend("cpu"), module)
     if isinstance(cost, list | tuple):
         cost = cost[0]
-    return {"flops": float(cost.get("flops", 0.0)),
-            "bytes_accessed": float(cost.get("bytes accessed", 0.0))}
+    flops = max(0.0, float(cost.get("flops", 0.0)))
+    nbytes = max(0.0, float(cost.get("bytes accessed", 0.0)))
+    if get_target(step.target).platform != "tpu":
+        flops += sum(e.flops for e in step.kernel_estimates)
+        nbytes += sum(e.bytes_accessed for e in step.kernel_estimates)
+    return {"flops": flops, "bytes_accessed": nbytes}

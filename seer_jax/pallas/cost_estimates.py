@@ -8,7 +8,31 @@ estimate is the bound for full page tables: every sequence's table filled up to 
 
 from __future__ import annotations
 
+import contextlib
+
 from jax.experimental import pallas as pl
+
+# Open `collect()` blocks: each receives every estimate made while the block traces kernels.
+_collectors: list[list[pl.CostEstimate]] = []
+
+
+@contextlib.contextmanager
+def collect():
+    """Record the estimates of the kernels traced inside the block (a list, filled as they are
+    traced). XLA:GPU's cost analysis does not see a Triton call's estimate; callers that count
+    a GPU step's cost add these (`hardware.step.step_cost`)."""
+    got: list[pl.CostEstimate] = []
+    _collectors.append(got)
+    try:
+        yield got
+    finally:
+        _collectors.remove(got)
+
+
+def _record(est: pl.CostEstimate) -> pl.CostEstimate:
+    for got in _collectors:
+        got.append(est)
+    return est
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -28,13 +52,14 @@ def attention_cost(*, num_tokens: int, num_q_heads: int, num_kv_heads: int, head
     reads = table_tokens * max(1, _cdiv(num_blocks, max(1, min(num_blocks, max_seqs))))
     kv_bytes = reads * 2 * num_kv_heads * head_dim * dtype_bytes
     q_out_bytes = 2 * num_tokens * num_q_heads * head_dim * q_bytes
-    return pl.CostEstimate(flops=4 * num_q_heads * head_dim * attended,
-                           transcendentals=num_q_heads * attended,
-                           bytes_accessed=kv_bytes + q_out_bytes)
+    return _record(pl.CostEstimate(flops=4 * num_q_heads * head_dim * attended,
+                                   transcendentals=num_q_heads * attended,
+                                   bytes_accessed=kv_bytes + q_out_bytes))
 
 
 def write_cost(*, num_tokens: int, num_kv_heads: int, head_dim: int,
                dtype_bytes: int) -> pl.CostEstimate:
     """KV write: each token's [2 * Hkv, D] row read once, written once, plus its int32 slot."""
     row_bytes = num_tokens * 2 * num_kv_heads * head_dim * dtype_bytes
-    return pl.CostEstimate(flops=0, transcendentals=0, bytes_accessed=2 * row_bytes + 4 * num_tokens)
+    return _record(pl.CostEstimate(flops=0, transcendentals=0,
+                                   bytes_accessed=2 * row_bytes + 4 * num_tokens))
