@@ -187,7 +187,14 @@ def step_cost(step: CompiledStep) -> dict[str, float]:
         cost = cost[0]
     flops = max(0.0, float(cost.get("flops", 0.0)))
     nbytes = max(0.0, float(cost.get("bytes accessed", 0.0)))
-    if get_target(step.target).platform != "tpu":
-        flops += sum(e.flops for e in step.kernel_estimates)
-        nbytes += sum(e.bytes_accessed for e in step.kernel_estimates)
+    if get_target(step.target).platform != "tpu" and step.kernel_estimates:
+        # a traced call site runs once per copy in the module: a scanned layer body is traced
+        # once and unrolled (or looped) by the compiler, so scale by the calls the module has
+        calls = module.to_string().count('custom_call_target="__gpu$xla.gpu.triton"')
+        sites = len(step.kernel_estimates)
+        if calls % sites:
+            raise RuntimeError(f"{calls} Triton calls in the module for {sites} traced kernel "
+                               "call sites: cannot attribute their cost estimates")
+        flops += calls // sites * sum(e.flops for e in step.kernel_estimates)
+        nbytes += calls // sites * sum(e.bytes_accessed for e in step.kernel_estimates)
     return {"flops": flops, "bytes_accessed": nbytes}

@@ -15,6 +15,23 @@ import jax.numpy as jnp
 from seer_jax.pallas.kv_layout import split_kv
 from seer_jax.pallas.tree import TokenForest, token_seq_ids
 
+# Bytes of float32 attention scores one block of queries may hold (over every sequence, head
+# and key): larger query regions run in blocks, so a long prefill chunk's scores never
+# materialise whole (at a deployment's limits they would not fit the chip).
+SCORE_BLOCK_BYTES = 256 << 20
+
+
+def query_block(max_seqs: int, max_q_len: int, num_q_heads: int, kv_cap: int) -> int:
+    """Query slots per block: all of them when their scores fit SCORE_BLOCK_BYTES, else the
+    largest power of two that does (at least 1)."""
+    per_slot = max_seqs * num_q_heads * kv_cap * 4
+    if max_q_len * per_slot <= SCORE_BLOCK_BYTES:
+        return max_q_len
+    qb = 1
+    while 2 * qb * per_slot <= SCORE_BLOCK_BYTES and 2 * qb < max_q_len:
+        qb *= 2
+    return qb
+
 
 def ragged_paged_attention_reference(
     q: jax.Array,  # [num_tokens, num_q_heads, head_dim]
@@ -69,32 +86,50 @@ def ragged_paged_attention_reference(
     v_s = jnp.where(k_valid[:, :, None, None], v_s, 0).astype(jnp.float32)
     k_s = k_s.astype(jnp.float32)
 
-    qpos = ctx[:, None] + slot[None, :]  # [S, qm]
-    mask = (kpos[None, None, :] <= qpos[:, :, None]) & k_valid[:, None, :] & q_valid[:, :, None]
     if tree_parents is not None:
         seq = token_seq_ids(cu, num_seqs, num_tokens)
         forest = TokenForest(tree_parents, cu[jnp.maximum(seq, 0)])
-        # anc[s, i, j]: query j of sequence s is query i or one of its ancestors.
-        tok_c = jnp.clip(tok, 0, num_tokens - 1)
-        anc = forest.is_ancestor_or_self(tok_c[:, :, None], tok_c[:, None, :])
-        rel = kpos[None, :] - ctx[:, None]  # [S, L] key index among the queries
-        in_q = (rel >= 0) & (rel < qm)
-        anc_l = jnp.take_along_axis(
-            anc, jnp.broadcast_to(jnp.clip(rel, 0, qm - 1)[:, None, :], (max_seqs, qm, kv_cap)),
-            axis=2,
-        )
-        tree_ok = (rel[:, None, :] < 0) | (in_q[:, None, :] & anc_l)
-        mask = mask & tree_ok
+    tok_c = jnp.clip(tok, 0, num_tokens - 1)
 
-    s = jnp.einsum("sqkgd,slkd->skgql", q_s, k_s) * scale  # [S, Hkv, G, qm, L]
-    m4 = mask[:, None, None, :, :]
-    s = jnp.where(m4, s, -jnp.inf)
-    row_max = jnp.max(s, axis=-1, keepdims=True)
-    row_max = jnp.where(jnp.isfinite(row_max), row_max, 0.0)
-    p = jnp.where(m4, jnp.exp(s - row_max), 0.0)
-    denom = jnp.sum(p, axis=-1, keepdims=True)
-    p = p / jnp.where(denom > 0, denom, 1.0)
-    o = jnp.einsum("skgql,slkd->sqkgd", p, v_s)  # [S, qm, Hkv, G, D]
+    def attend(q_b, slot_b):
+        """Queries in slots slot_b ([qb]) of every sequence: q_b [S, qb, Hkv, G, D] ->
+        [S, qb, Hkv, G, D]."""
+        tok_b = cu[:-1, None] + slot_b[None, :]  # [S, qb]
+        valid_b = slot_b[None, :] < q_lens[:, None]
+        qpos = ctx[:, None] + slot_b[None, :]  # [S, qb]
+        mask = ((kpos[None, None, :] <= qpos[:, :, None]) & k_valid[:, None, :]
+                & valid_b[:, :, None])
+        if tree_parents is not None:
+            # anc[s, i, j]: query j of sequence s is query i (of this block) or its ancestor.
+            tb = jnp.clip(tok_b, 0, num_tokens - 1)
+            anc = forest.is_ancestor_or_self(tb[:, :, None], tok_c[:, None, :])
+            rel = kpos[None, :] - ctx[:, None]  # [S, L] key index among the queries
+            in_q = (rel >= 0) & (rel < qm)
+            anc_l = jnp.take_along_axis(
+                anc, jnp.broadcast_to(jnp.clip(rel, 0, qm - 1)[:, None, :],
+                                      (max_seqs, slot_b.shape[0], kv_cap)), axis=2)
+            mask = mask & ((rel[:, None, :] < 0) | (in_q[:, None, :] & anc_l))
+        s = jnp.einsum("sqkgd,slkd->skgql", q_b, k_s) * scale  # [S, Hkv, G, qb, L]
+        m4 = mask[:, None, None, :, :]
+        s = jnp.where(m4, s, -jnp.inf)
+        row_max = jnp.max(s, axis=-1, keepdims=True)
+        row_max = jnp.where(jnp.isfinite(row_max), row_max, 0.0)
+        p = jnp.where(m4, jnp.exp(s - row_max), 0.0)
+        denom = jnp.sum(p, axis=-1, keepdims=True)
+        p = p / jnp.where(denom > 0, denom, 1.0)
+        return jnp.einsum("skgql,slkd->sqkgd", p, v_s)  # [S, qb, Hkv, G, D]
+
+    qb = query_block(max_seqs, qm, num_q_heads, kv_cap)
+    if qb >= qm:
+        o = attend(q_s, slot)
+    else:
+        # the queries in blocks of qb slots, one block's scores live at a time
+        nb = -(-qm // qb)
+        q_p = jnp.pad(q_s, ((0, 0), (0, nb * qb - qm), (0, 0), (0, 0), (0, 0)))
+        q_p = q_p.reshape(max_seqs, nb, qb, num_kv_heads, group, head_dim).swapaxes(0, 1)
+        slots = jnp.arange(nb * qb, dtype=jnp.int32).reshape(nb, qb)
+        o = jax.lax.map(lambda a: attend(*a), (q_p, slots))  # [nb, S, qb, Hkv, G, D]
+        o = o.swapaxes(0, 1).reshape(max_seqs, nb * qb, num_kv_heads, group, head_dim)[:, :qm]
     o = jnp.where(bad_seq[:, None, None, None, None], jnp.nan, o)
     o = o.reshape(max_seqs, qm, num_q_heads, head_dim)
 

@@ -148,3 +148,22 @@ def test_property_reference_equals_naive_dense(case):
                               tree=jnp.asarray(b.tree_parents)))
     np.testing.assert_allclose(out, naive_attention(b), atol=2e-5, rtol=0)
     assert np.all(out[int(b.cu_q_lens[len(seqs)]):] == 0)
+
+
+@pytest.mark.parametrize("tree", [False, True])
+def test_query_blocks_bound_the_scores_and_change_nothing(monkeypatch, tree):
+    """A query region whose scores exceed SCORE_BLOCK_BYTES runs in blocks of query slots (one
+    block's scores at a time, the block not dividing the slots): the output equals naive dense
+    attention, causal and along draft trees."""
+    from seer_jax.pallas import attention_ref
+
+    trees = {1: [-1, 0, 0, 1, 2, 2, 3]} if tree else None
+    b = make_batch([(1, 300), (7, 40), (45, 90)], num_q_heads=4, num_kv_heads=2, head_dim=32,
+                   page_size=16, max_seqs=4, num_tokens=56, trees=trees)
+    kv_cap = b.page_indices.shape[1] * 16
+    per_slot = 4 * 4 * kv_cap * 4
+    monkeypatch.setattr(attention_ref, "SCORE_BLOCK_BYTES", 6 * per_slot)
+    assert attention_ref.query_block(4, 56, 4, kv_cap) == 4  # 14 blocks of 4 slots
+    out = _run(b)
+    assert np.isfinite(out[:int(b.cu_q_lens[3])]).all()
+    np.testing.assert_allclose(out, naive_attention(b), atol=2e-5, rtol=0)
