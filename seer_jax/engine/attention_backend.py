@@ -14,6 +14,10 @@ whole GQA groups. When the model has fewer KV heads than tp, the cache holds eac
 repeated before the write. The kernels read the whole [L, P, S, 2 * Hkv, D] cache (K and V
 interleaved per head, `seer_jax.pallas.kv_layout`) with a layer index, so the layer scan never
 slices a layer out of the pool.
+
+The reference runs the same way when the model has fewer KV heads than tp: left to XLA's
+partitioner, a cache it cannot split by head stays replicated and every step gathers and
+transposes a whole copy of it (18 GiB per device for Llama-3.1-405B at tp 16).
 """
 
 from __future__ import annotations
@@ -58,7 +62,7 @@ class AttentionPlan:
 
     impl: str  # resolved: reference | cpu | tpu | gpu
     interpret: bool  # kernels on a CPU host
-    mesh: Mesh | None  # shard_map over its "tp" axis when given (kernels only)
+    mesh: Mesh | None  # shard_map over its "tp" axis when given (kernels; reference, Hkv < tp)
     tp: int
     kv_repeat: int  # cache KV heads = model KV heads * kv_repeat
 
@@ -73,7 +77,10 @@ def make_plan(cfg: ModelConfig, impl: str, mesh: Mesh | None) -> AttentionPlan:
     which = resolve_engine_impl(impl, platform)
     tp = mesh.shape.get("tp", 1) if mesh is not None else 1
     repeat = 1
-    if which in KERNEL_IMPLS and tp > 1:
+    # kernels always run per shard; the reference too when XLA could not split the cache by head
+    sharded = tp > 1 and (which in KERNEL_IMPLS
+                          or (which == "reference" and cfg.num_kv_heads < tp))
+    if sharded:
         if cfg.num_heads % tp:
             raise ConfigError(f"impl={which!r} on tp={tp}: the model's {cfg.num_heads} query heads "
                               "do not split evenly; use a tp that divides them")
@@ -83,7 +90,7 @@ def make_plan(cfg: ModelConfig, impl: str, mesh: Mesh | None) -> AttentionPlan:
                               "divided by tp")
         repeat = max(1, tp // hkv)
     return AttentionPlan(impl=which, interpret=which in KERNEL_IMPLS and platform == "cpu",
-                         mesh=mesh if which in KERNEL_IMPLS else None, tp=tp, kv_repeat=repeat)
+                         mesh=mesh if sharded else None, tp=tp, kv_repeat=repeat)
 
 
 def check_kernel_shapes(plan: AttentionPlan, cfg: ModelConfig, *, page_size: int, dtype_bytes: int,
@@ -118,9 +125,11 @@ def kernel_write(plan: AttentionPlan, kv_all, k, v, slots, layer):
 
 
 def kernel_attention(plan: AttentionPlan, q, kv_all, kv_lens, pages, cu, num, *, layer,
-                     tree_parents=None):
+                     tree_parents=None, max_q_len=None):
     """Ragged paged attention of packed q [T, Hq, D] over `layer` of the whole cache."""
     kw = dict(impl=plan.impl, interpret=plan.interpret, layer=layer, tree_parents=tree_parents)
+    if plan.impl == "reference":
+        kw["max_q_len"] = max_q_len
     if plan.mesh is None:
         return ragged_paged_attention(q, kv_all, kv_lens, pages, cu, num, **kw)
     return sharded_ragged_paged_attention(plan.mesh, q, kv_all, kv_lens, pages, cu, num, **kw)

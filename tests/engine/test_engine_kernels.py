@@ -113,11 +113,14 @@ def test_kernel_engine_matches_reference(impl, tp, speculation):
         assert spec.accepted > 0 and spec.proposed > spec.accepted
 
 
-def test_fewer_kv_heads_than_shards_replicates_them():
-    """tp=4 over 2 KV heads: the cache holds each head twice (one per shard); tokens match the
+@pytest.mark.parametrize("impl", ["gpu", "reference"])
+def test_fewer_kv_heads_than_shards_replicates_them(impl):
+    """tp=4 over 2 KV heads: the cache holds each head twice (one per shard), for the kernels
+    and for the reference (which then also runs per shard); tokens match the unsharded
     reference and exported KV has the model's head count."""
     ref = _reference()
-    eng = Engine(CFG, PARAMS, _config("gpu"), mesh=_mesh(4))
+    eng = Engine(CFG, PARAMS, _config(impl), mesh=_mesh(4))
+    assert eng.runner.plan.mesh is not None
     assert eng.runner.kv_repeat == 2 and eng.runner.kv_all.shape[3] == 2 * 4
     eng.add_request("0", PROMPTS[0], NEW, SamplingParams(temperature=0.0))
     out = None

@@ -16,20 +16,14 @@ from tests.hardware.compilers import require_compiler
 CONFIGS = pathlib.Path(__file__).resolve().parents[2] / "configs"
 DEPLOY = ("tpu_v5p64_qwen25_7b", "tpu_v6e32_llama3_8b", "gpu_8xh200", "gpu_4x8xh100_llama31_405b")
 
-# The jnp reference attention runs long query regions in blocks of bounded scores, so its
-# prefill and verify steps fit where the cache can be read as it lies. Two configs still do not
-# fit with impl=reference, each by about a second copy of its KV cache:
-# - v6e Llama-3-8B mixed: the page gather of the prefill region takes the cache in another tiled
-#   layout (4 combined K/V rows per shard), so XLA copies the whole cache: 44.8 GB of
-#   temporaries against 31.25 GB of HBM;
-# - 405B at tp16 holds its 8 KV heads replicated (fewer than the shards); every reference step
-#   needs 18.0 GiB of temporaries: 81.25 GiB per device against the config's 74.
+# The jnp reference attention runs long query regions in blocks of bounded scores, and per shard
+# (like the kernels) when the model has fewer KV heads than tp, so its steps fit where the cache
+# can be read as it lies. One step still does not fit with impl=reference: v6e Llama-3-8B mixed,
+# whose prefill region's page gather takes the cache in another tiled layout (4 combined K/V
+# rows per shard), so XLA copies the whole cache: 44.8 GB of temporaries against 31.25 GB.
 REFERENCE_CACHE_LAYOUT_OOM = pytest.mark.xfail(
     strict=True, raises=ConfigError, reason="impl=reference: the prefill region's page gather "
     "copies the whole cache into another TPU tiling at 4 combined K/V rows per shard")
-REFERENCE_REPLICATED_CACHE_OOM = pytest.mark.xfail(
-    strict=True, raises=ConfigError, reason="impl=reference with the cache replicated over tp16: "
-    "18 GiB of temporaries in every step, over the 74 GiB budget")
 
 
 def _cases():
@@ -40,8 +34,6 @@ def _cases():
                 marks = []
                 if impl == "reference" and (name, kind) == ("tpu_v6e32_llama3_8b", "mixed"):
                     marks.append(REFERENCE_CACHE_LAYOUT_OOM)
-                elif impl == "reference" and name == "gpu_4x8xh100_llama31_405b":
-                    marks.append(REFERENCE_REPLICATED_CACHE_OOM)
                 out.append(pytest.param(name, impl, kind, id=f"{name}-{impl}-{kind}",
                                         marks=marks))
     return out
