@@ -78,8 +78,10 @@ def make_plan(cfg: ModelConfig, impl: str, mesh: Mesh | None) -> AttentionPlan:
     tp = mesh.shape.get("tp", 1) if mesh is not None else 1
     repeat = 1
     # kernels always run per shard; the reference too when XLA could not split the cache by head
-    sharded = tp > 1 and (which in KERNEL_IMPLS
-                          or (which == "reference" and cfg.num_kv_heads < tp))
+    # and the heads repeat evenly over the shards (otherwise it stays with XLA's partitioner)
+    hkv = cfg.num_kv_heads
+    sharded = tp > 1 and (which in KERNEL_IMPLS or (
+        which == "reference" and hkv < tp and tp % hkv == 0 and cfg.num_heads % tp == 0))
     if sharded:
         if cfg.num_heads % tp:
             raise ConfigError(f"impl={which!r} on tp={tp}: the model's {cfg.num_heads} query heads "
