@@ -63,12 +63,16 @@ def uses_cpu_decode(impl: str, layout: Layout) -> bool:
 @dataclasses.dataclass(frozen=True)
 class Region:
     """One region's ragged sequences: cu [n+1] int32 query offsets, kv_lens [n] int32,
-    pages [n, pps] int32 page tables, num (how many slots are live)."""
+    pages [n, pps] int32 page tables, num (how many slots are live). With `rows` [n] int32
+    instead of `pages` (None), slot i's page table is row rows[i] of the persistent table
+    (`RequestRows.pages`, kept on the device by the runner): nothing of width pps is built or
+    sent for the step."""
 
     cu: np.ndarray
     kv_lens: np.ndarray
-    pages: np.ndarray
+    pages: np.ndarray | None
     num: int
+    rows: np.ndarray | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,6 +96,8 @@ class StepBatch:
     temperature, top_p, top_k, seeds, gen_index: [num_rows] sampling parameters per row
     (gen_index: how many tokens the row's request has generated, for its PRNG stream).
     rows: (sequence, row) of every live sampled row, for the engine's bookkeeping.
+    page_table: the persistent rows a region's `rows` index (None when every region carries
+    its own page tables).
     """
 
     layout: Layout
@@ -108,6 +114,7 @@ class StepBatch:
     pre: Region | None = None
     draft: DraftTree | None = None
     rows: tuple = ()
+    page_table: RequestRows | None = None
 
     def arrays(self) -> dict[str, np.ndarray]:
         """The flat name -> array dict the jitted step takes (a pytree of fixed structure for a
@@ -118,7 +125,11 @@ class StepBatch:
         for prefix, region in (("dec", self.dec), ("pre", self.pre)):
             if region is not None:
                 out.update({f"{prefix}_cu": region.cu, f"{prefix}_kv_lens": region.kv_lens,
-                            f"{prefix}_pages": region.pages, f"{prefix}_num": np.int32(region.num)})
+                            f"{prefix}_num": np.int32(region.num)})
+                if region.pages is None:
+                    out[f"{prefix}_rows"] = region.rows
+                else:
+                    out[f"{prefix}_pages"] = region.pages
         if self.draft is not None:
             out["dec_parents"] = self.draft.parents
             if self.draft.tokens is not None:
@@ -152,10 +163,17 @@ class RequestRows:
     its page table, prompt length and sampling parameters. A row is filled when its request gets
     pages (`acquire`) and then only the page entries that change are written (`set_pages`,
     `clear_pages`); a step's region page tables are gathers of these rows, and entries past a
-    request's pages are 0."""
+    request's pages are 0.
+
+    Once `tracking` is on (the runner holds a device copy of `pages`), every changed entry is
+    also logged, so the copy is kept current by sending only those (`take_updates`)."""
 
     def __init__(self, num_rows: int, max_pps: int):
         self.pages = np.zeros((num_rows, max_pps), np.int32)
+        self.tracking = False
+        self._resized = False
+        self._log: list[tuple[np.ndarray, np.ndarray]] = []  # (flat indices, values)
+        self._log_size = 0
         self.temperature = np.zeros(num_rows, np.float32)
         self.top_p = np.ones(num_rows, np.float32)
         self.top_k = np.zeros(num_rows, np.int32)
@@ -174,25 +192,50 @@ class RequestRows:
         self.temperature[r], self.top_p[r], self.top_k[r] = sp.temperature, sp.top_p, sp.top_k
         self.seeds[r] = sp.seed & 0xFFFFFFFF
         self.prompt_len[r] = len(req.prompt)
-        self.pages[r, :len(req.pages)] = req.pages
+        self._write(r, 0, req.pages)
 
     def set_pages(self, req, start: int) -> None:
         """req.pages[start:] changed (appended)."""
-        self.pages[req.row, start:len(req.pages)] = req.pages[start:]
+        self._write(req.row, start, req.pages[start:])
 
     def clear_pages(self, req, start: int, end: int) -> None:
         """req's page entries [start, end) were given back."""
-        self.pages[req.row, start:end] = 0
+        self._write(req.row, start, np.zeros(max(0, end - start), np.int32))
 
     def release(self, req, num_pages: int) -> None:
         """req gives back its row (its first num_pages entries are cleared)."""
         if req.row >= 0:
-            self.pages[req.row, :num_pages] = 0
+            self._write(req.row, 0, np.zeros(num_pages, np.int32))
             self._free.append(req.row)
             req.row = -1
 
+    def _write(self, row: int, start: int, values) -> None:
+        """pages[row, start:start + len(values)] = values, logged when tracking."""
+        n = len(values)
+        if not n:
+            return
+        self.pages[row, start:start + n] = values
+        if self.tracking and not self._resized:
+            if self._log_size + n > self.pages.size:  # cheaper to send the whole table
+                self._resized, self._log, self._log_size = True, [], 0
+                return
+            width = self.pages.shape[1]
+            self._log.append((np.arange(row * width + start, row * width + start + n, dtype=np.int32),
+                              np.asarray(values, np.int32)))
+            self._log_size += n
+
+    def take_updates(self) -> tuple[bool, np.ndarray, np.ndarray]:
+        """What changed in `pages` since the last call: (whole table, or flat indices [k] int32
+        into pages.reshape(-1) with their values [k] int32); the log is emptied."""
+        whole = self._resized
+        idx = np.concatenate([i for i, _ in self._log]) if self._log else np.zeros(0, np.int32)
+        val = np.concatenate([v for _, v in self._log]) if self._log else np.zeros(0, np.int32)
+        self._resized, self._log, self._log_size = False, [], 0
+        return whole, idx, val
+
     def _grow(self) -> None:
         n = len(self.temperature)
+        self._resized, self._log, self._log_size = True, [], 0
         self.pages = np.concatenate([self.pages, np.zeros_like(self.pages)])
         for name in ("temperature", "top_p", "top_k", "seeds", "prompt_len"):
             old = getattr(self, name)
@@ -241,8 +284,14 @@ def build_batch(decode: Sequence[Any], prefill: Sequence[tuple[Any, int]], draft
     if layout.n_dec:
         cu = np.zeros(layout.n_dec + 1, np.int32)
         kv_lens = np.zeros(layout.n_dec, np.int32)
-        pages = np.zeros((layout.n_dec, layout.pps), np.int32)
-        pages[:n_dec] = rows.pages[d_rows, :layout.pps]
+        # decode-only steps on the CPU path read the persistent table on the device
+        persistent = drafts is None and not layout.n_pre and uses_cpu_decode(impl, layout)
+        if persistent:
+            pages, table_rows = None, np.zeros(layout.n_dec, np.int32)
+            table_rows[:n_dec] = d_rows
+        else:
+            pages, table_rows = np.zeros((layout.n_dec, layout.pps), np.int32), None
+            pages[:n_dec] = rows.pages[d_rows, :layout.pps]
         out_rows = np.arange(n_dec) * layout.q_dec
         # the pending token sits at position num_computed; the request has generated
         # num_computed + 1 - len(prompt) tokens
@@ -259,7 +308,7 @@ def build_batch(decode: Sequence[Any], prefill: Sequence[tuple[Any, int]], draft
             tree = _draft_region(layout, decode, drafts, rows, tokens, positions, slots,
                                  logits_index, cu, kv_lens, S)
         cu[n_dec + 1:] = cu[n_dec]
-        dec = Region(cu, kv_lens, pages, n_dec)
+        dec = Region(cu, kv_lens, pages, n_dec, table_rows)
     if layout.n_pre:
         cu = np.zeros(layout.n_pre + 1, np.int32)
         kv_lens = np.zeros(layout.n_pre, np.int32)
@@ -284,7 +333,8 @@ def build_batch(decode: Sequence[Any], prefill: Sequence[tuple[Any, int]], draft
         cu[len(prefill) + 1:] = cu[len(prefill)]
         pre = Region(cu, kv_lens, pages, len(prefill))
     return StepBatch(layout, tokens, positions, slots, logits_index, temperature, top_p, top_k,
-                     seeds, gen_index, dec, pre, tree, tuple(row_of))
+                     seeds, gen_index, dec, pre, tree, tuple(row_of),
+                     rows if dec is not None and dec.pages is None else None)
 
 
 def _draft_region(layout: Layout, decode, drafts, rows: RequestRows, tokens, positions, slots,

@@ -40,12 +40,16 @@ def paged_decode_attention(
     layer: jax.Array | int | None = None,
     sm_scale: float | None = None,
     pages_per_block: int = 2,
+    rows: jax.Array | None = None,
 ) -> jax.Array:
     """Attention of one query per sequence over its paged K/V -> [max_seqs, num_q_heads, head_dim].
 
     With `layer`, kv_pages is the whole cache [num_layers, total_pages, page_size,
     2 * num_kv_heads, head_dim] and the pages are gathered straight from it (slicing one layer out of a
     large cache first would copy that layer's whole page pool on every call).
+    With `rows` [max_seqs] int32, page_indices is a larger table [num_rows, pages_per_seq] and
+    sequence i's page table is its row rows[i]: each block reads only its few entries of those
+    rows, so nothing of size max_seqs x pages_per_seq is built.
     """
     max_seqs, num_q_heads, head_dim = q.shape
     total_pages, page_size, combined, _ = kv_pages.shape[-4:]
@@ -59,15 +63,26 @@ def paged_decode_attention(
 
     live = jnp.arange(max_seqs) < jnp.asarray(num_seqs, jnp.int32).reshape(())
     kv_lens = jnp.where(live, kv_lens.astype(jnp.int32), 0)  # [S]
-    pages = jnp.clip(page_indices.astype(jnp.int32), 0, total_pages - 1)
-    pages = jnp.pad(pages, ((0, 0), (0, n_blocks * ppb - pps)))  # [S, n_blocks * ppb]
+    if rows is None:
+        pages = jnp.clip(page_indices.astype(jnp.int32), 0, total_pages - 1)
+        pages = jnp.pad(pages, ((0, 0), (0, n_blocks * ppb - pps)))  # [S, n_blocks * ppb]
+
+        def block_pages(j):  # [S, ppb]
+            return jax.lax.dynamic_slice_in_dim(pages, j * ppb, ppb, axis=1)
+    else:
+        seq_rows = rows.astype(jnp.int32)[:, None]  # [S, 1]
+
+        def block_pages(j):  # [S, ppb]; columns past pps repeat the last (masked by kv_lens)
+            cols = jnp.minimum(j * ppb + jnp.arange(ppb, dtype=jnp.int32), pps - 1)
+            return jnp.clip(page_indices[seq_rows, cols[None, :]].astype(jnp.int32),
+                            0, total_pages - 1)
     # [S, Hkv, G, D] against K/V blocks [S, blk, Hkv, D] (the cache's token-major rows).
     q_k = (q.astype(jnp.float32) * scale).reshape(max_seqs, num_kv_heads, group, head_dim)
     n_iter = jnp.minimum((jnp.max(kv_lens) + blk - 1) // blk, n_blocks)
 
     def body(carry):
         j, m, denom, acc = carry
-        pg = jax.lax.dynamic_slice_in_dim(pages, j * ppb, ppb, axis=1)  # [S, ppb]
+        pg = block_pages(j)  # [S, ppb]
         kv = gather_pages(kv_pages, pg, layer).reshape(max_seqs, blk, combined, head_dim)
         k, v = split_kv(kv.astype(jnp.float32))  # [S, blk, Hkv, D]
         valid = (j * blk + jnp.arange(blk))[None, :] < kv_lens[:, None]  # [S, blk]

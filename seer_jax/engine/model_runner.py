@@ -42,7 +42,7 @@ from seer_jax.engine.attention_backend import (
     kernel_write,
     make_plan,
 )
-from seer_jax.engine.batch import Layout, StepBatch, uses_cpu_decode
+from seer_jax.engine.batch import Layout, StepBatch, bucket, uses_cpu_decode
 from seer_jax.engine.cpu_attention import gather_pages, paged_decode_attention
 from seer_jax.model.config import ModelConfig
 from seer_jax.model.llama import Params, forward, jnp_dtype
@@ -120,7 +120,11 @@ def _paged_attention(cache, meta, layer, q, k, v, *, layout: Layout, plan: Atten
             q_region, gather_pages(kv_all, flat, layer), kv_lens, local, cu, num,
             tree_parents=parents, max_q_len=max_q_len, impl="reference")
 
-    if layout.n_dec and uses_cpu_decode(plan.impl, layout) and meta.get("dec_parents") is None:
+    if layout.n_dec and "dec_rows" in meta:  # rows of the persistent table (CPU decode)
+        outs.append(paged_decode_attention(
+            q[:split], kv_all, meta["dec_kv_lens"], meta["page_table"], meta["dec_num"],
+            layer=layer, rows=meta["dec_rows"]))
+    elif layout.n_dec and uses_cpu_decode(plan.impl, layout) and meta.get("dec_parents") is None:
         outs.append(paged_decode_attention(
             q[:split], kv_all, meta["dec_kv_lens"], meta["dec_pages"], meta["dec_num"],
             layer=layer))
@@ -209,6 +213,11 @@ def _read_pages(kv_all, pages):
     return kv_all[:, pages]
 
 
+def _set_entries(table, idx, values):
+    """table [R, W] with table.reshape(-1)[idx] = values (idx past the end: padding, dropped)."""
+    return table.reshape(-1).at[idx].set(values, mode="drop").reshape(table.shape)
+
+
 def cache_shape(cfg: ModelConfig, plan: AttentionPlan, num_pages: int,
                 page_size: int) -> tuple[int, ...]:
     """Shape of the KV cache: [L, P, S, 2 * Hkv * kv_repeat, D]."""
@@ -275,6 +284,11 @@ class ModelRunner:
         self._write_pages = jax.jit(_write_pages, donate_argnums=0, in_shardings=(fmt, rep, rep),
                                     out_shardings=fmt)
         self._read_pages = jax.jit(_read_pages, in_shardings=(fmt, rep), out_shardings=rep)
+        # the persistent page table ([rows, pages per seq] int32, a device copy of
+        # `RequestRows.pages`) that decode steps on the CPU path index by row
+        self.page_table: jax.Array | None = None
+        self._set_entries = jax.jit(_set_entries, donate_argnums=0, in_shardings=(rep, rep, rep),
+                                    out_shardings=rep)
 
     def device_input(self, x, dtype=None) -> jax.Array:
         """A host array as a step input: on this process's default device, or replicated over a
@@ -317,12 +331,37 @@ class ModelRunner:
         jitted = step_jit(fn, self.kv_format, self.params, self._batch_sharding, **static)
         return jitted.lower(self.params, self.kv_all, dev)
 
+    def sync_page_table(self, rows) -> jax.Array:
+        """The device page table brought up to date with `rows` (`batch.RequestRows`): the
+        entries changed since the last sync are written in place (a padded bucket of them, so
+        few compiled sizes), or the whole table is sent when it is new or was resized."""
+        whole, idx, val = rows.take_updates()
+        table = self.page_table
+        if whole or table is None or table.shape != rows.pages.shape or not rows.tracking:
+            table = jax.device_put(np.array(rows.pages), self._batch_sharding)
+            rows.tracking = True
+        elif len(idx):
+            n = bucket(len(idx), 256)
+            idx = np.pad(idx, (0, n - len(idx)), constant_values=rows.pages.size)
+            val = np.pad(val, (0, n - len(val)))
+            table = self._set_entries(table, self.device_input(idx), self.device_input(val))
+        self.page_table = table
+        return table
+
+    def _device_batch(self, batch: StepBatch) -> dict:
+        """The step's inputs on the device (ready), with the persistent page table if the batch
+        indexes it."""
+        dev = {k: self.device_input(v) for k, v in batch.arrays().items()}
+        if batch.page_table is not None:
+            dev["page_table"] = self.sync_page_table(batch.page_table)
+        return jax.block_until_ready(dev)
+
     def sample(self, batch: StepBatch, num_top: int = 0):
         """Run a step and sample one token per row; host arrays (tokens [rows], logprobs
         [rows], top-logprobs or None)."""
         layout = batch.layout
         t0 = time.perf_counter()
-        dev = jax.block_until_ready({k: self.device_input(v) for k, v in batch.arrays().items()})
+        dev = self._device_batch(batch)
         t1 = time.perf_counter()
         exe = self._executable(_sample_step, dev, cfg=self.cfg, layout=layout, plan=self.plan,
                                num_top=num_top)
@@ -340,7 +379,7 @@ class ModelRunner:
         num_accepted [n_dec], accepted_nodes [n_dec, q-1]) and the prefill (tokens, logprobs)."""
         layout = batch.layout
         t0 = time.perf_counter()
-        dev = jax.block_until_ready({k: self.device_input(v) for k, v in batch.arrays().items()})
+        dev = self._device_batch(batch)
         t1 = time.perf_counter()
         exe = self._executable(_verify_step, dev, cfg=self.cfg, layout=layout, plan=self.plan)
         t2 = time.perf_counter()

@@ -107,3 +107,22 @@ def test_decode_matches_reference_property(lens, extra, page_size, ppb, seed):
     q, pool, kv, table, cu, n = case
     got = paged_decode_attention(q, pool, kv, table, n, pages_per_block=ppb)
     np.testing.assert_allclose(np.asarray(got), np.asarray(reference(*case)), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("pages_per_block", [1, 2, 3])
+def test_rows_of_a_larger_table_match_the_gathered_tables(pages_per_block):
+    """`rows` picks each sequence's page table out of a persistent table (rows shuffled, more
+    rows than sequences, odd width): the result is exactly that of the gathered tables."""
+    rng = np.random.default_rng(3)
+    kv_lens = [7, 40, 1, 33, 16]
+    case = make_case(rng, kv_lens, num_kv_heads=2, group=2, head_dim=8, page_size=8, pps=7,
+                     total_pages=64, max_seqs=7, nan_pages=True)
+    q, pool, kv, table, cu, n = case
+    order = rng.permutation(12)[:7].astype(np.int32)  # sequence i lives in row order[i]
+    big = np.full((12, 7), 63, np.int32)  # other rows: a page nobody reads
+    big[order] = np.asarray(table)
+    want = paged_decode_attention(q, pool, kv, table, n, pages_per_block=pages_per_block)
+    got = jax.jit(lambda *a: paged_decode_attention(*a[:5], pages_per_block=pages_per_block,
+                                                    rows=a[5]))(
+        q, pool, kv, jnp.asarray(big), n, jnp.asarray(order))
+    np.testing.assert_array_equal(np.asarray(got)[:len(kv_lens)], np.asarray(want)[:len(kv_lens)])

@@ -50,6 +50,13 @@ def check_rows(engine):
         assert s.row >= 0
         assert rows[s.row, :len(s.pages)].tolist() == s.pages
         assert not rows[s.row, len(s.pages):].any()
+    # the runner's device copy, with the changes logged since its last sync, is the same table
+    table, log = engine.runner.page_table, engine.kv.rows._log
+    if table is not None and not engine.kv.rows._resized and table.shape == rows.shape:
+        synced = np.asarray(table).reshape(-1).copy()
+        for idx, val in log:
+            synced[idx] = val
+        assert (synced.reshape(rows.shape) == rows).all()
 
 
 @pytest.mark.parametrize("tp", [pytest.param(1, marks=pytest.mark.exhaustive), 2])
