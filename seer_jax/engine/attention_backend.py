@@ -70,6 +70,12 @@ class AttentionPlan:
     def kernel(self) -> bool:
         return self.impl in KERNEL_IMPLS
 
+    @property
+    def wrapped(self) -> bool:
+        """KV write and attention go through `kernel_write` / `kernel_attention` (the kernels,
+        and the reference when it runs per shard)."""
+        return self.kernel or self.mesh is not None
+
 
 def make_plan(cfg: ModelConfig, impl: str, mesh: Mesh | None) -> AttentionPlan:
     """Resolve impl on the mesh's platform and decide how KV heads split over tp."""
@@ -86,7 +92,6 @@ def make_plan(cfg: ModelConfig, impl: str, mesh: Mesh | None) -> AttentionPlan:
         if cfg.num_heads % tp:
             raise ConfigError(f"impl={which!r} on tp={tp}: the model's {cfg.num_heads} query heads "
                               "do not split evenly; use a tp that divides them")
-        hkv = cfg.num_kv_heads
         if hkv % tp and tp % hkv:
             raise ConfigError(f"impl={which!r} on tp={tp}: {hkv} KV heads neither divide nor are "
                               "divided by tp")

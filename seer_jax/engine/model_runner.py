@@ -96,7 +96,7 @@ def _paged_attention(cache, meta, layer, q, k, v, *, layout: Layout, plan: Atten
     kv_all = cache
     _, num_pages, page_size, _, _ = kv_all.shape
     slots = meta["slots"]
-    if plan.kernel or plan.mesh is not None:
+    if plan.wrapped:
         kv_all = kernel_write(plan, kv_all, k, v, slots, layer)
     else:
         kv_all = write_kv_reference(kv_all, k, v, slots, layer)
@@ -106,7 +106,7 @@ def _paged_attention(cache, meta, layer, q, k, v, *, layout: Layout, plan: Atten
     def attend(q_region, prefix, max_q_len, parents=None):
         kv_lens, table = meta[f"{prefix}_kv_lens"], meta[f"{prefix}_pages"]
         cu, num = meta[f"{prefix}_cu"], meta[f"{prefix}_num"]
-        if plan.kernel or plan.mesh is not None:
+        if plan.wrapped:
             return kernel_attention(plan, q_region, kv_all, kv_lens, table, cu, num,
                                     layer=layer, tree_parents=parents, max_q_len=max_q_len)
         if plan.impl == "reference":

@@ -89,7 +89,7 @@ def ragged_paged_attention_reference(
     if tree_parents is not None:
         seq = token_seq_ids(cu, num_seqs, num_tokens)
         forest = TokenForest(tree_parents, cu[jnp.maximum(seq, 0)])
-    tok_c = jnp.clip(tok, 0, num_tokens - 1)
+        tok_c = jnp.clip(tok, 0, num_tokens - 1)  # [S, qm] every query of each sequence
 
     def attend(q_b, slot_b):
         """Queries in slots slot_b ([qb]) of every sequence: q_b [S, qb, Hkv, G, D] ->
