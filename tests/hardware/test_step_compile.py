@@ -16,14 +16,9 @@ from tests.hardware.compilers import require_compiler
 CONFIGS = pathlib.Path(__file__).resolve().parents[2] / "configs"
 DEPLOY = ("tpu_v5p64_qwen25_7b", "tpu_v6e32_llama3_8b", "gpu_8xh200", "gpu_4x8xh100_llama31_405b")
 
-# The jnp reference attention runs long query regions in blocks of bounded scores, and per shard
-# (like the kernels) when the model has fewer KV heads than tp, so its steps fit where the cache
-# can be read as it lies. One step still does not fit with impl=reference: v6e Llama-3-8B mixed,
-# whose prefill region's page gather takes the cache in another tiled layout (4 combined K/V
-# rows per shard), so XLA copies the whole cache: 44.8 GB of temporaries against 31.25 GB.
-REFERENCE_CACHE_LAYOUT_OOM = pytest.mark.xfail(
-    strict=True, raises=ConfigError, reason="impl=reference: the prefill region's page gather "
-    "copies the whole cache into another TPU tiling at 4 combined K/V rows per shard")
+# The jnp reference attention runs long query regions in blocks of bounded scores, per shard
+# (like the kernels) when the model has fewer KV heads than tp, and reads its gathered pages in
+# the cache's own row-major layout, so every step reads the cache as it lies.
 
 
 def _cases():
@@ -31,11 +26,7 @@ def _cases():
     for name in DEPLOY:
         for impl in ("auto", "reference"):
             for kind in STEP_KINDS:
-                marks = []
-                if impl == "reference" and (name, kind) == ("tpu_v6e32_llama3_8b", "mixed"):
-                    marks.append(REFERENCE_CACHE_LAYOUT_OOM)
-                out.append(pytest.param(name, impl, kind, id=f"{name}-{impl}-{kind}",
-                                        marks=marks))
+                out.append(pytest.param(name, impl, kind, id=f"{name}-{impl}-{kind}"))
     return out
 
 
