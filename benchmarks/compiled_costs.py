@@ -59,7 +59,8 @@ def compiled_cost(cfg, target: str, tp: int, lim: StepLimits, kind: str, impl: s
     2-layer compiles."""
     c1, c2 = (step_cost(compile_step(dataclasses.replace(cfg, num_layers=n), target, tp, lim,
                                      kind, impl=impl, unroll=True)) for n in (1, 2))
-    return {k: c1[k] + (cfg.num_layers - 1) * (c2[k] - c1[k]) for k in c1}
+    keys = ("flops", "bytes_accessed", "bytes_attributed")
+    return {k: c1[k] + (cfg.num_layers - 1) * (c2[k] - c1[k]) for k in keys}
 
 
 def roofline_point(name, cfg, target, impl, batch, context, prefill=0) -> dict:
@@ -83,14 +84,20 @@ def bytes_point(name, cfg, target, tp, impl, batch=128, context=4096) -> dict:
     lim = limits(batch, context)
     comp = compiled_cost(cfg, target, tp, lim, "decode", impl)
     full = compile_step(cfg, target, tp, lim, "decode", impl=impl)
+    attributed = step_cost(full)["attribution"]  # the full-depth module, its layer loop run
     weights = weight_bytes_per_device(cfg, tp)
     kv_batch = full.kv_bytes  # the cache holds exactly the batch's pages (context % PAGE == 0)
     must = weights + kv_batch
+    top = [{"name": r.name, "opcode": r.opcode, "count": r.count, "bytes": r.total,
+            "op_name": r.op_name} for r in attributed.top(8)]
     return {"model": name, "target": target, "tp": tp, "impl": impl, "batch": batch,
             "context": context, "compiled_bytes_accessed": comp["bytes_accessed"],
-            "weights_bytes": weights, "kv_batch_bytes": kv_batch,
-            "bytes_ratio": comp["bytes_accessed"] / must, "temp_bytes": full.temp_bytes,
-            "kv_cache_bytes": full.kv_bytes, "temp_over_kv": full.temp_bytes / full.kv_bytes}
+            "attributed_bytes_unrolled": comp["bytes_attributed"],
+            "attributed_bytes": attributed.total, "weights_bytes": weights,
+            "kv_batch_bytes": kv_batch, "bytes_ratio": comp["bytes_accessed"] / must,
+            "attributed_ratio": attributed.total / must, "top_instructions": top,
+            "temp_bytes": full.temp_bytes, "kv_cache_bytes": full.kv_bytes,
+            "temp_over_kv": full.temp_bytes / full.kv_bytes}
 
 
 def main() -> int:
@@ -99,6 +106,8 @@ def main() -> int:
     ap.add_argument("--targets", default="v5p,h100")
     ap.add_argument("--quick", action="store_true",
                     help="one model, batch 32 x 8K only; bytes at v5p tp4 only")
+    ap.add_argument("--bytes-only", action="store_true",
+                    help="part 2 only (bytes accessed against weights + KV)")
     ap.add_argument("--json", default="", help="write the results here")
     args = ap.parse_args()
     t0 = time.perf_counter()
@@ -107,9 +116,11 @@ def main() -> int:
     grid = [(b, c) for b in (1, 32, 256) for c in (1024, 8192, 32768)]
     if args.quick:
         cfgs, grid = dict(list(cfgs.items())[:1]), [(32, 8192)]
+    if args.bytes_only:
+        grid = []
     rows, ratios = [], []
     for name, cfg in cfgs.items():
-        for target in targets:
+        for target in targets if grid else ():
             for b, c in grid:
                 rows.append(roofline_point(name, cfg, target, args.impl, b, c))
                 r = rows[-1]
@@ -126,14 +137,19 @@ def main() -> int:
                 ratios.append(bytes_point(name, cfg, target, tp, args.impl))
                 r = ratios[-1]
                 print(f"{name:11s} {target:5s} tp{tp} b128 ctx4K: bytes {r['bytes_ratio']:.2f}x "
-                      f"(weights + KV), temporaries {r['temp_over_kv']:.3f} of the KV cache",
-                      flush=True)
+                      f"(weights + KV), attributed {r['attributed_ratio']:.2f}x (unrolled "
+                      f"{r['attributed_bytes_unrolled'] / (r['weights_bytes'] + r['kv_batch_bytes']):.2f}x), "
+                      f"temporaries {r['temp_over_kv']:.3f} of the KV cache", flush=True)
+                for t in r["top_instructions"][:5]:
+                    print(f"    {t['bytes'] / 1e9:8.3f} GB  {t['count']:3d} x {t['opcode']:12s} "
+                          f"{t['name']:28s} {t['op_name'][-70:]}", flush=True)
     off = [r for r in rows if abs(r["ratio_compiled_over_costs_py"] - 1) > 0.25]
     out = {"rows": rows, "bytes": ratios, "summary": {
         "impl": args.impl, "points": len(rows), "over_25pct": len(off),
-        "ratio_range": [min(r["ratio_compiled_over_costs_py"] for r in rows),
-                        max(r["ratio_compiled_over_costs_py"] for r in rows)],
+        "ratio_range": [min((r["ratio_compiled_over_costs_py"] for r in rows), default=None),
+                        max((r["ratio_compiled_over_costs_py"] for r in rows), default=None)],
         "bytes_ratio_max": max((r["bytes_ratio"] for r in ratios), default=None),
+        "attributed_ratio_max": max((r["attributed_ratio"] for r in ratios), default=None),
         "temp_over_kv_max": max((r["temp_over_kv"] for r in ratios), default=None),
         "seconds": time.perf_counter() - t0}, "run": run_info()}
     if args.json:

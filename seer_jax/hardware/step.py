@@ -170,31 +170,45 @@ def compile_step(cfg: ModelConfig, target: str, tp: int, lim: StepLimits, kind: 
 
 
 def step_cost(step: CompiledStep) -> dict[str, float]:
-    """The compiler's flops and bytes accessed of a compiled step, per device. TPU: the
-    executable's cost_analysis(), which counts each Mosaic call by its `pl.CostEstimate`. GPU
-    (whose deviceless executables report none): XLA's HloCostAnalysis over the optimized GPU
-    module, which counts a Triton call as nothing (its estimate is not in the HLO), plus the
-    kernels' own estimates. A loop body counts once (compile with unroll=True)."""
-    if get_target(step.target).platform == "tpu":
+    """The compiler's flops and bytes accessed of a compiled step, per device, and the bytes
+    attributed instruction by instruction over its optimized module (`bytes_attributed`,
+    `hardware.hlo_bytes`). TPU: the executable's cost_analysis(), which counts each Mosaic call
+    by its `pl.CostEstimate`. GPU (whose deviceless executables report none): XLA's
+    HloCostAnalysis over the optimized GPU module, which counts a Triton call as nothing (its
+    estimate is not in the HLO), plus the kernels' own estimates. The compiler's figures count a
+    loop body once (compile with unroll=True); the attribution runs it by its trip count."""
+    from seer_jax.hardware.hlo_bytes import attribute_bytes
+
+    tpu = get_target(step.target).platform == "tpu"
+    if tpu:
         cost = step.compiled.cost_analysis()
+        text = step.compiled.as_text()
     else:
         from jax._src import xla_bridge
         from jax._src.lib import xla_client
 
         (module,) = step.compiled.runtime_executable().hlo_modules()
         cost = xla_client._xla.hlo_module_cost_analysis(xla_bridge.get_backend("cpu"), module)
+        text = module.to_string()
     if isinstance(cost, list | tuple):
         cost = cost[0]
     flops = max(0.0, float(cost.get("flops", 0.0)))
     nbytes = max(0.0, float(cost.get("bytes accessed", 0.0)))
-    if get_target(step.target).platform != "tpu" and step.kernel_estimates:
+    triton_call_bytes = None
+    if not tpu and step.kernel_estimates:
         # a traced call site runs once per copy in the module: a scanned layer body is traced
         # once and unrolled (or looped) by the compiler, so scale by the calls the module has
-        calls = module.to_string().count('custom_call_target="__gpu$xla.gpu.triton"')
+        calls = text.count('custom_call_target="__gpu$xla.gpu.triton"')
         sites = len(step.kernel_estimates)
         if calls % sites:
             raise RuntimeError(f"{calls} Triton calls in the module for {sites} traced kernel "
                                "call sites: cannot attribute their cost estimates")
         flops += calls // sites * sum(e.flops for e in step.kernel_estimates)
         nbytes += calls // sites * sum(e.bytes_accessed for e in step.kernel_estimates)
-    return {"flops": flops, "bytes_accessed": nbytes}
+        triton_call_bytes = sum(e.bytes_accessed for e in step.kernel_estimates) / sites
+    attributed = attribute_bytes(text, triton_call_bytes)
+    if attributed.unknown_trip_counts:
+        raise RuntimeError(f"loops of unknown trip count {attributed.unknown_trip_counts}: "
+                           "cannot attribute their bytes")
+    return {"flops": flops, "bytes_accessed": nbytes, "bytes_attributed": attributed.total,
+            "attribution": attributed}
