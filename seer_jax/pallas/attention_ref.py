@@ -79,10 +79,13 @@ def ragged_paged_attention_reference(
     # K/V of each sequence through its page-table row.
     pages = jnp.clip(page_indices, 0, total_pages - 1)
     kv_s = kv_pages[pages] if layer is None else kv_pages[layer, pages]  # [S, pps, ps, C, D]
-    # The gathered pages row-major, as the cache lies: otherwise XLA may give the gather the
-    # head-major layout the score einsums prefer, and take it from a copy of the whole cache in
-    # that layout (TPU, 4 combined K/V rows per shard); relaid out here, only these pages move.
-    kv_s = with_layout_constraint(kv_s, Layout(major_to_minor=tuple(range(kv_s.ndim))))
+    # On TPU the gathered pages stay row-major, as the cache lies: otherwise XLA may give the
+    # gather the head-major layout the score einsums prefer and feed it from a copy of the whole
+    # cache in that tiling (4 combined K/V rows per shard); relaid out here, only these pages
+    # move. Elsewhere XLA's own choice (on GPU it fuses the gather into its consumers).
+    row_major = Layout(major_to_minor=tuple(range(kv_s.ndim)))
+    kv_s = jax.lax.platform_dependent(
+        kv_s, tpu=lambda x: with_layout_constraint(x, row_major), default=lambda x: x)
     kv_s = kv_s.reshape(max_seqs, kv_cap, 2 * num_kv_heads, head_dim)
     k_s, v_s = split_kv(kv_s)  # [S, L, Hkv, D]
     kpos = jnp.arange(kv_cap, dtype=jnp.int32)
