@@ -12,7 +12,8 @@ embedding counts the whole table, and a layer's GEMM fusion that dynamic-slices 
 - writes: the output, except an in-place dynamic-update-slice / scatter root, which writes its
   update's bytes;
 - a Mosaic call (`tpu_custom_call`) at its `pl.CostEstimate` bytes (in its backend config); a
-  Triton call at the bytes its traced kernel estimated (`triton_call_bytes`: XLA:GPU keeps no
+  Triton call at the bytes its traced kernel estimated (`triton_call_bytes`, one figure for
+  every call or one per pallas_call name, found in the call's op_name: XLA:GPU keeps no
   estimate in the module); a cuBLAS call at its operands and its result (not its workspace);
 - nothing for views and bookkeeping (parameter, constant, tuple, get-tuple-element, bitcast);
 - a while body once per iteration (the trip count XLA records, else the constant bound of its
@@ -179,7 +180,7 @@ class Attributed:
 class ByteAttribution:
     """Per-instruction bytes of an optimized HLO module (see the module docstring)."""
 
-    def __init__(self, text: str, triton_call_bytes: float | None = None):
+    def __init__(self, text: str, triton_call_bytes: float | dict[str, float] | None = None):
         self.comps = parse_module(text)
         self.triton_call_bytes = triton_call_bytes
         self._users = {n: c.users() for n, c in self.comps.items()}
@@ -249,7 +250,14 @@ class ByteAttribution:
                 if self.triton_call_bytes is None:
                     raise InputError("a Triton call's bytes are not in the module: pass "
                                      "triton_call_bytes (its traced pl.CostEstimate)")
-                return self.triton_call_bytes
+                if not isinstance(self.triton_call_bytes, dict):
+                    return self.triton_call_bytes
+                name = _op_name(ins.attrs)
+                hits = [k for k in self.triton_call_bytes if f"/{k}/" in f"/{name}/"]
+                if len(hits) != 1:
+                    raise InputError(f"Triton call {ins.name} ({name!r}) matches {hits} of the "
+                                     f"kernels {sorted(self.triton_call_bytes)}")
+                return self.triton_call_bytes[hits[0]]
             elif target == "AllocateBuffer":
                 return 0.0
             elif target.startswith("__cublas"):
@@ -351,6 +359,7 @@ def _op_name(attrs: str) -> str:
     return m.group(1) if m else ""
 
 
-def attribute_bytes(text: str, triton_call_bytes: float | None = None) -> ByteAttribution:
+def attribute_bytes(text: str, triton_call_bytes: float | dict[str, float] | None = None
+                    ) -> ByteAttribution:
     """Per-instruction bytes of an optimized HLO module's text (`compiled.as_text()`)."""
     return ByteAttribution(text, triton_call_bytes)

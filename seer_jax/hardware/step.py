@@ -205,7 +205,11 @@ def step_cost(step: CompiledStep) -> dict[str, float]:
                                "call sites: cannot attribute their cost estimates")
         flops += calls // sites * sum(e.flops for e in step.kernel_estimates)
         nbytes += calls // sites * sum(e.bytes_accessed for e in step.kernel_estimates)
-        triton_call_bytes = sum(e.bytes_accessed for e in step.kernel_estimates) / sites
+        # each Triton call at the estimate of its kernel (per traced site of that kernel)
+        triton_call_bytes = {}
+        for name in {e.kernel for e in step.kernel_estimates}:
+            mine = [e.bytes_accessed for e in step.kernel_estimates if e.kernel == name]
+            triton_call_bytes[name] = sum(mine) / len(mine)
     attributed = attribute_bytes(text, triton_call_bytes)
     if attributed.unknown_trip_counts:
         raise RuntimeError(f"loops of unknown trip count {attributed.unknown_trip_counts}: "

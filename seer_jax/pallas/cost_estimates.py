@@ -9,19 +9,31 @@ estimate is the bound for full page tables: every sequence's table filled up to 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 
 from jax.experimental import pallas as pl
 
+
+@dataclasses.dataclass(frozen=True)
+class KernelEstimate:
+    """One traced kernel call's estimate, with the kernel's pallas_call name."""
+
+    kernel: str
+    flops: int
+    transcendentals: int
+    bytes_accessed: int
+
+
 # Open `collect()` blocks: each receives every estimate made while the block traces kernels.
-_collectors: list[list[pl.CostEstimate]] = []
+_collectors: list[list[KernelEstimate]] = []
 
 
 @contextlib.contextmanager
 def collect():
-    """Record the estimates of the kernels traced inside the block (a list, filled as they are
-    traced). XLA:GPU's cost analysis does not see a Triton call's estimate; callers that count
+    """Record the estimates of the kernels traced inside the block (a list of KernelEstimate,
+    filled as they are traced). XLA:GPU's cost analysis does not see a Triton call's estimate; callers that count
     a GPU step's cost add these (`hardware.step.step_cost`)."""
-    got: list[pl.CostEstimate] = []
+    got: list[KernelEstimate] = []
     _collectors.append(got)
     try:
         yield got
@@ -29,9 +41,9 @@ def collect():
         _collectors.remove(got)
 
 
-def _record(est: pl.CostEstimate) -> pl.CostEstimate:
+def _record(est: pl.CostEstimate, kernel: str) -> pl.CostEstimate:
     for got in _collectors:
-        got.append(est)
+        got.append(KernelEstimate(kernel, est.flops, est.transcendentals, est.bytes_accessed))
     return est
 
 
@@ -41,8 +53,10 @@ def _cdiv(a: int, b: int) -> int:
 
 def attention_cost(*, num_tokens: int, num_q_heads: int, num_kv_heads: int, head_dim: int,
                    dtype_bytes: int, q_bytes: int, max_seqs: int, pages_per_seq: int,
-                   page_size: int, total_pages: int, block_q: int) -> pl.CostEstimate:
-    """Ragged paged attention of num_tokens queries over a [P, S, 2 * Hkv, D] pool."""
+                   page_size: int, total_pages: int, block_q: int,
+                   kernel: str) -> pl.CostEstimate:
+    """Ragged paged attention of num_tokens queries over a [P, S, 2 * Hkv, D] pool (the
+    pallas_call named `kernel`)."""
     pool_tokens = total_pages * page_size
     table_tokens = min(max_seqs * pages_per_seq, total_pages) * page_size
     # keys a query sees: its sequence's table, and all queries of a sequence share one pool
@@ -54,12 +68,12 @@ def attention_cost(*, num_tokens: int, num_q_heads: int, num_kv_heads: int, head
     q_out_bytes = 2 * num_tokens * num_q_heads * head_dim * q_bytes
     return _record(pl.CostEstimate(flops=4 * num_q_heads * head_dim * attended,
                                    transcendentals=num_q_heads * attended,
-                                   bytes_accessed=kv_bytes + q_out_bytes))
+                                   bytes_accessed=kv_bytes + q_out_bytes), kernel)
 
 
 def write_cost(*, num_tokens: int, num_kv_heads: int, head_dim: int,
-               dtype_bytes: int) -> pl.CostEstimate:
+               dtype_bytes: int, kernel: str) -> pl.CostEstimate:
     """KV write: each token's [2 * Hkv, D] row read once, written once, plus its int32 slot."""
     row_bytes = num_tokens * 2 * num_kv_heads * head_dim * dtype_bytes
     return _record(pl.CostEstimate(flops=0, transcendentals=0,
-                                   bytes_accessed=2 * row_bytes + 4 * num_tokens))
+                                   bytes_accessed=2 * row_bytes + 4 * num_tokens), kernel)

@@ -93,7 +93,8 @@ def write_kv_tpu(kv_pages, new_k, new_v, slot_mapping, *, interpret: bool = Fals
         out_shape=jax.ShapeDtypeStruct(kv5.shape, kv5.dtype),
         input_output_aliases={3: 0},  # operand indices count the scalar prefetch
         cost_estimate=write_cost(num_tokens=new.shape[0], num_kv_heads=new.shape[1] // 2,
-                                 head_dim=new.shape[2], dtype_bytes=new.dtype.itemsize),
+                                 head_dim=new.shape[2], dtype_bytes=new.dtype.itemsize,
+                                 kernel="seer_write_kv_tpu"),
         interpret=pltpu.InterpretParams() if interpret else False,
         name="seer_write_kv_tpu",
     )(layer_arr, slots, new, kv5)
@@ -134,7 +135,8 @@ def write_kv_gpu(kv_pages, new_k, new_v, slot_mapping, *, interpret: bool = Fals
         input_output_aliases={3: 0},
         compiler_params=pltriton.CompilerParams(num_warps=1, num_stages=1),
         cost_estimate=write_cost(num_tokens=new.shape[0], num_kv_heads=new.shape[1] // 2,
-                                 head_dim=new.shape[2], dtype_bytes=new.dtype.itemsize),
+                                 head_dim=new.shape[2], dtype_bytes=new.dtype.itemsize,
+                                 kernel="seer_write_kv_gpu"),
         interpret=interpret,
         name="seer_write_kv_gpu",
     )(slots, layer_arr, new, kv5)

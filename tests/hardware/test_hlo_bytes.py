@@ -106,6 +106,14 @@ def test_triton_calls_need_their_estimates():
     with pytest.raises(InputError, match="triton_call_bytes"):
         attribute_bytes(text)
     assert {r.name: r.bytes for r in attribute_bytes(text, 500.0).rows}["attn"] == 500.0
+    # per kernel, matched by the pallas_call name in the call's op_name
+    named = text.replace('custom_call_target="__gpu$xla.gpu.triton"',
+                         'custom_call_target="__gpu$xla.gpu.triton", '
+                         'metadata={op_name="jit(f)/shard_map/seer_attn/pallas_call"}')
+    by_kernel = {"seer_attn": 300.0, "seer_write": 7.0}
+    assert {r.name: r.bytes for r in attribute_bytes(named, by_kernel).rows}["attn"] == 300.0
+    with pytest.raises(InputError, match="matches"):
+        attribute_bytes(named, {"seer_write": 7.0})
 
 
 def test_parse_module_reads_computations_and_parameters():
