@@ -9,14 +9,21 @@ extrapolated linearly to the model's depth (a compiled loop body counts once in
 cost_analysis; the cache's layer count changes no per-layer cost).
 
 Part 2, bytes accessed vs what a decode step must read: batch 128 at context 4K, Llama-3-8B and
-Qwen2.5-7B, v5p tp4 and H100 tp1/tp2: compiled bytes accessed per device (all layers) over
-weights + the batch's KV per device, and the full-depth step's temporaries over its KV cache.
+Qwen2.5-7B, v5p tp4 and H100 tp1/tp2: bytes accessed per device (all layers) over weights + the
+batch's KV per device, and the full-depth step's temporaries over its KV cache. Two figures: the
+compiler's (as in part 1), and the bytes attributed instruction by instruction over the
+optimized module of the full-depth step as the engine compiles it, its layer loop run by its
+trip count (`hardware.hlo_bytes`: a fusion operand used only through slices counts at the
+slices' bytes, each kernel call at its own estimate); with the instructions that move the most.
+`--bytes-only` runs part 2 alone.
 
 Pallas kernels count through their pl.CostEstimate: on TPU the compiler's cost_analysis reads it
 from the Mosaic call; on GPU XLA's cost analysis counts a Triton call as nothing, so the kernels'
 estimates recorded while tracing are added (`hardware.step.step_cost`).
 
     /path/to/compiler-env/bin/python benchmarks/compiled_costs.py --json benchmarks/results/compiled_costs.json
+    /path/to/compiler-env/bin/python benchmarks/compiled_costs.py --bytes-only \
+        --json benchmarks/results/compiled_bytes.json
 """
 
 from __future__ import annotations
@@ -90,12 +97,16 @@ def bytes_point(name, cfg, target, tp, impl, batch=128, context=4096) -> dict:
     must = weights + kv_batch
     top = [{"name": r.name, "opcode": r.opcode, "count": r.count, "bytes": r.total,
             "op_name": r.op_name} for r in attributed.top(8)]
+    # traffic beyond weights + KV, by where it comes from (the JAX op of each instruction)
+    layer_slices = sum(r.total for r in attributed.rows if "dynamic_index_in_dim" in r.op_name)
+    sampling_filter = sum(r.total for r in attributed.rows if "/cond/branch_" in r.op_name)
     return {"model": name, "target": target, "tp": tp, "impl": impl, "batch": batch,
             "context": context, "compiled_bytes_accessed": comp["bytes_accessed"],
             "attributed_bytes_unrolled": comp["bytes_attributed"],
             "attributed_bytes": attributed.total, "weights_bytes": weights,
             "kv_batch_bytes": kv_batch, "bytes_ratio": comp["bytes_accessed"] / must,
             "attributed_ratio": attributed.total / must, "top_instructions": top,
+            "layer_slice_bytes": layer_slices, "sampling_filter_bytes": sampling_filter,
             "temp_bytes": full.temp_bytes, "kv_cache_bytes": full.kv_bytes,
             "temp_over_kv": full.temp_bytes / full.kv_bytes}
 
@@ -139,7 +150,9 @@ def main() -> int:
                 print(f"{name:11s} {target:5s} tp{tp} b128 ctx4K: bytes {r['bytes_ratio']:.2f}x "
                       f"(weights + KV), attributed {r['attributed_ratio']:.2f}x (unrolled "
                       f"{r['attributed_bytes_unrolled'] / (r['weights_bytes'] + r['kv_batch_bytes']):.2f}x), "
-                      f"temporaries {r['temp_over_kv']:.3f} of the KV cache", flush=True)
+                      f"temporaries {r['temp_over_kv']:.3f} of the KV cache; layer slices of "
+                      f"the stacked weights {r['layer_slice_bytes'] / 1e9:.2f} GB, sampling "
+                      f"filter {r['sampling_filter_bytes'] / 1e9:.2f} GB", flush=True)
                 for t in r["top_instructions"][:5]:
                     print(f"    {t['bytes'] / 1e9:8.3f} GB  {t['count']:3d} x {t['opcode']:12s} "
                           f"{t['name']:28s} {t['op_name'][-70:]}", flush=True)
