@@ -10,6 +10,12 @@ speculation, the engine's own per-step phase timings (`StepStats`) split a step 
   d2h      sampled tokens (and verify results) back to the host
   commit   host: emissions, appends, finishes, page roll-back, stats
   host     everything on the critical path that is not device time (plan + h2d + d2h + commit)
+  wall     the step() call, measured around it
+
+Each point runs one step at a time (`overlap` off) and overlapped (on: step N+1 is planned and
+dispatched while step N runs, then N is committed; its phases then no longer add up to the
+wall time). The summary compares an overlapped step's wall time with max(device, host) of the
+same point one step at a time. Steps that verify drafts do not overlap.
 
 Models (random weights, greedy sampling, no EOS so the batch stays full):
   tiny     64 wide, 2 layers, 1 KV head of 16: device work is small, so host work shows
@@ -70,7 +76,7 @@ def point_memory_gib(cfg, batch: int, ctx: int, spec: bool, page_size: int) -> t
 
 
 def run_point(model: str, batch: int, ctx: int, spec: bool, steps: int, warmup: int,
-              page_size: int) -> dict:
+              page_size: int, overlap: bool = False) -> dict:
     import jax
 
     from seer_jax.engine.engine import Engine, EngineConfig, KVBlob
@@ -84,7 +90,7 @@ def run_point(model: str, batch: int, ctx: int, spec: bool, steps: int, warmup: 
     pages_per_seq = -(-max_len // page_size)
     ecfg = EngineConfig(page_size=page_size, num_pages=batch * (pages_per_seq + 1),
                         max_num_seqs=batch, max_num_batched_tokens=batch, max_prefill_seqs=1,
-                        max_model_len=max_len, speculation=spec)
+                        max_model_len=max_len, speculation=spec, overlap=overlap)
     eng = Engine(cfg, params, ecfg, eos_ids=())
     rng = np.random.default_rng(0)
     n_kv = ctx - 1
@@ -99,12 +105,17 @@ def run_point(model: str, batch: int, ctx: int, spec: bool, steps: int, warmup: 
     eng.step()  # admits every request (KV import) and runs the first decode
     setup_s = time.perf_counter() - t_setup
     t_run = time.perf_counter()
+    walls = []  # wall time of each step() call, and whether it compiled
     for _ in range(warmup + steps):
+        c0, w0 = eng.runner.compile_s, time.perf_counter()
         eng.step()
+        walls.append((time.perf_counter() - w0, eng.runner.compile_s > c0))
     run_s = time.perf_counter() - t_run
+    eng.drain()  # with overlap: the last step's phases complete
     stats = list(eng.step_stats)[1 + warmup:]
     kept = [s for s in stats if s.compile_s == 0 and s.batch_size == batch
             and s.num_prefill_tokens == 0]
+    steady_walls = [w for w, compiled in walls[warmup:] if not compiled]
     out = {"status": "ok", "setup_s": round(setup_s, 2), "run_s": round(run_s, 2),
            "steps": len(stats), "excluded_steps": len(stats) - len(kept),
            "spec_steps": sum(s.num_decode_tokens > batch for s in kept),
@@ -116,22 +127,22 @@ def run_point(model: str, batch: int, ctx: int, spec: bool, steps: int, warmup: 
     med["step"] = float(np.median([s.plan_s + s.h2d_s + s.device_s + s.d2h_s + s.commit_s
                                    for s in kept]))
     med["host"] = float(np.median([s.plan_s + s.h2d_s + s.d2h_s + s.commit_s for s in kept]))
+    med["wall"] = float(np.median(steady_walls)) if steady_walls else float("nan")
     out.update({f"{k}_ms": round(1e3 * v, 3) for k, v in med.items()})
     return out
 
 
 def markdown(points: list[dict]) -> str:
-    head = ("| model | batch | ctx | spec | plan ms | h2d ms | device ms | d2h ms | commit ms "
-            "| host ms | step ms | host/step |")
-    rows = [head, "|" + "---|" * 12]
+    head = ("| model | batch | ctx | spec | overlap | plan ms | h2d ms | device ms | d2h ms "
+            "| commit ms | host ms | step ms | wall ms |")
+    rows = [head, "|" + "---|" * 13]
     for p in points:
-        key = f"| {p['model']} | {p['batch']} | {p['context']} | {'on' if p['spec'] else 'off'} |"
+        key = (f"| {p['model']} | {p['batch']} | {p['context']} | {'on' if p['spec'] else 'off'} "
+               f"| {'on' if p.get('overlap') else 'off'} |")
         if p["status"] != "ok":
             rows.append(key + f" {p['status']} |" + " |" * 7)
             continue
-        share = p["host_ms"] / p["step_ms"] if p["step_ms"] else 0.0
-        rows.append(key + "".join(f" {p[f'{k}_ms']:.2f} |" for k in (*PHASES, "host", "step"))
-                    + f" {share:.2f} |")
+        rows.append(key + "".join(f" {p[f'{k}_ms']:.2f} |" for k in (*PHASES, "host", "step", "wall")))
     return "\n".join(rows)
 
 
@@ -141,6 +152,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batches", default="64,256,512")
     ap.add_argument("--contexts", default="1024,8192,32768")
     ap.add_argument("--spec", default="off,on", help="speculation settings to run: off, on")
+    ap.add_argument("--overlap", default="off,on",
+                    help="overlapped steps (EngineConfig.overlap) to run: off, on")
     ap.add_argument("--steps", type=int, default=8, help="measured steps per point")
     ap.add_argument("--large-steps", type=int, default=3,
                     help="measured steps where batch * context >= --large-tokens")
@@ -156,17 +169,20 @@ def main(argv: list[str] | None = None) -> int:
     batches = [int(b) for b in args.batches.split(",") if b]
     contexts = [int(c) for c in args.contexts.split(",") if c]
     specs = [{"off": False, "on": True}[s] for s in args.spec.split(",") if s]
+    overlaps = [{"off": False, "on": True}[s] for s in args.overlap.split(",") if s]
 
     t_start = time.perf_counter()
     points = []
     # cheapest first, so a time budget cuts the large points
-    grid = sorted(((m, b, c, s) for m in models for s in specs for b in batches for c in contexts),
-                  key=lambda p: (p[0] != "tiny", p[1] * p[2], p[3]))
-    for model, batch, ctx, spec in grid:
+    grid = sorted(((m, b, c, s, o) for m in models for s in specs for b in batches
+                   for c in contexts for o in overlaps
+                   if not (s and o)),  # steps that verify drafts do not overlap
+                  key=lambda p: (p[0] != "tiny", p[1] * p[2], p[3], p[4]))
+    for model, batch, ctx, spec, overlap in grid:
         cfg = model_config(model, ctx + 1024)
         kv_gib, verify_gib = point_memory_gib(cfg, batch, ctx, spec, args.page_size)
         point = {"model": model, "batch": batch, "context": ctx, "spec": spec,
-                 "kv_gib": round(kv_gib, 2)}
+                 "overlap": overlap, "kv_gib": round(kv_gib, 2)}
         elapsed = time.perf_counter() - t_start
         if kv_gib + verify_gib > args.mem_limit_gib:
             point["status"] = (f"skipped: KV cache {kv_gib:.1f} GiB"
@@ -177,7 +193,8 @@ def main(argv: list[str] | None = None) -> int:
         else:
             steps = args.large_steps if batch * ctx >= args.large_tokens else args.steps
             try:
-                point.update(run_point(model, batch, ctx, spec, steps, args.warmup, args.page_size))
+                point.update(run_point(model, batch, ctx, spec, steps, args.warmup, args.page_size,
+                                       overlap))
             except Exception as e:  # recorded, the sweep goes on
                 point["status"] = f"failed: {type(e).__name__}: {e}"[:300]
         points.append(point)
@@ -185,9 +202,9 @@ def main(argv: list[str] | None = None) -> int:
 
     ok = [p for p in points if p["status"] == "ok"]
 
-    def find(model, batch, ctx, spec=False):
-        return next((p for p in ok if (p["model"], p["batch"], p["context"], p["spec"])
-                     == (model, batch, ctx, spec)), None)
+    def find(model, batch, ctx, spec=False, overlap=False):
+        return next((p for p in ok if (p["model"], p["batch"], p["context"], p["spec"],
+                                       p["overlap"]) == (model, batch, ctx, spec, overlap)), None)
 
     summary = {"points_ok": len(ok), "points": len(points),
                "wall_s": round(time.perf_counter() - t_start, 1)}
@@ -199,6 +216,16 @@ def main(argv: list[str] | None = None) -> int:
                 summary[f"{tag}_host_ms_b256_ctx8k"] = p8["host_ms"]
             if p1 and p32:
                 summary[f"{tag}_host_ratio_b256_ctx32k_over_1k"] = round(p32["host_ms"] / p1["host_ms"], 2)
+        # overlapped wall time per step against max(device, host) of the same point one step
+        # at a time
+        for p in ok:
+            on = find(model, p["batch"], p["context"], False, True) if p["model"] == model \
+                and not p["spec"] and not p["overlap"] else None
+            if on:
+                key = f"{model}_b{p['batch']}_ctx{p['context']}"
+                summary[f"{key}_overlap_wall_over_max_device_host"] = round(
+                    on["wall_ms"] / max(p["device_ms"], p["host_ms"]), 3)
+                summary[f"{key}_overlap_wall_over_sync_wall"] = round(on["wall_ms"] / p["wall_ms"], 3)
     report = {"summary": summary, "run": run_info(), "args": vars(args), "points": points}
     table = markdown(points)
     print(table)

@@ -98,6 +98,8 @@ class StepBatch:
     rows: (sequence, row) of every live sampled row, for the engine's bookkeeping.
     page_table: the persistent rows a region's `rows` index (None when every region carries
     its own page tables).
+    token_src: [layout.num_tokens] int32 or None: where a token is still on the device (the
+    sampled row of the previous, not yet committed step; -1 = `tokens` holds it).
     """
 
     layout: Layout
@@ -115,6 +117,7 @@ class StepBatch:
     draft: DraftTree | None = None
     rows: tuple = ()
     page_table: RequestRows | None = None
+    token_src: np.ndarray | None = None
 
     def arrays(self) -> dict[str, np.ndarray]:
         """The flat name -> array dict the jitted step takes (a pytree of fixed structure for a
@@ -273,6 +276,7 @@ def build_batch(decode: Sequence[Any], prefill: Sequence[tuple[Any, int]], draft
     seeds = np.zeros(R, np.uint32)
     gen_index = np.zeros(R, np.int32)
     row_of: list[tuple[Any, int]] = []
+    token_src = None
 
     def sampling_rows(out_rows, req_rows, generated):
         temperature[out_rows], top_p[out_rows] = rows.temperature[req_rows], rows.top_p[req_rows]
@@ -299,6 +303,10 @@ def build_batch(decode: Sequence[Any], prefill: Sequence[tuple[Any, int]], draft
         row_of.extend(zip(decode, out_rows.tolist(), strict=True))
         if drafts is None:
             tokens[:n_dec] = np.fromiter((s.token_ids[s.num_computed] for s in decode), np.int32, n_dec)
+            src = np.fromiter((s.pending_row for s in decode), np.int32, n_dec)
+            if (src >= 0).any():  # sampled by the step still in flight: read on the device
+                token_src = np.full(N, -1, np.int32)
+                token_src[:n_dec] = src
             positions[:n_dec] = d_computed
             slots[:n_dec] = rows.pages[d_rows, d_computed // S] * S + d_computed % S
             cu[1:n_dec + 1] = np.arange(1, n_dec + 1)
@@ -316,6 +324,9 @@ def build_batch(decode: Sequence[Any], prefill: Sequence[tuple[Any, int]], draft
         t = split
         for i, (seq, n) in enumerate(prefill):
             start = seq.num_computed
+            if seq.pending_row >= 0:
+                raise ValueError(f"request {seq.request_id!r}: prefill while its last token is "
+                                 "still on the device")
             pos = np.arange(start, start + n)
             tokens[t:t + n] = seq.token_ids[start:start + n]
             positions[t:t + n] = pos
@@ -334,7 +345,7 @@ def build_batch(decode: Sequence[Any], prefill: Sequence[tuple[Any, int]], draft
         pre = Region(cu, kv_lens, pages, len(prefill))
     return StepBatch(layout, tokens, positions, slots, logits_index, temperature, top_p, top_k,
                      seeds, gen_index, dec, pre, tree, tuple(row_of),
-                     rows if dec is not None and dec.pages is None else None)
+                     rows if dec is not None and dec.pages is None else None, token_src)
 
 
 def _draft_region(layout: Layout, decode, drafts, rows: RequestRows, tokens, positions, slots,
@@ -350,6 +361,9 @@ def _draft_region(layout: Layout, decode, drafts, rows: RequestRows, tokens, pos
     num_draft = np.zeros(layout.n_dec, np.int32)
     t = 0
     for i, (seq, d) in enumerate(zip(decode, drafts, strict=True)):
+        if seq.pending_row >= 0:
+            raise ValueError(f"request {seq.request_id!r}: drafts while its last token is still "
+                             "on the device")
         n = len(d)
         root = seq.num_computed
         tokens[t] = seq.token_ids[root]

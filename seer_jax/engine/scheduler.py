@@ -70,6 +70,8 @@ class Scheduler:
                           key=lambda s: (s.num_tokens - s.num_computed > 1, s.admitted_at)):
             if seq.status is not RequestStatus.RUNNING:  # preempted making room for an earlier one
                 continue
+            if seq.done:  # its last token is still on the device (overlap): it ends at commit
+                continue
             pending = seq.num_tokens - seq.num_computed
             if pending == 1:
                 if len(decode) >= c.max_num_seqs or budget < 1:
@@ -92,6 +94,8 @@ class Scheduler:
         deferred = []
         while self.waiting and budget > 0 and len(self._running) < c.max_num_seqs:
             seq = self.waiting[0]
+            if seq.pending_row >= 0:  # preempted with a token still on the device: next step
+                break
             key = seq.prompt_key
             if (c.prefix_sharing and not seq.output and seq.swapped is None
                     and key in prefilling):
@@ -136,8 +140,10 @@ class Scheduler:
                 self.kv.grow(seq, num_tokens)
                 return True
             except OutOfPages:
+                # a request whose last token is still on the device keeps its pages until
+                # that token is committed (its KV may be returned with it)
                 victims = [s for s in self._running.values()
-                           if s.request_id not in protected and s is not seq]
+                           if s.request_id not in protected and s is not seq and not s.done]
                 if not victims:
                     return False
                 self.preempt(max(victims, key=lambda s: s.admitted_at))
