@@ -252,8 +252,10 @@ def build_batch(decode: Sequence[Any], prefill: Sequence[tuple[Any, int]], draft
     """Padded arrays for one step. `decode`: requests with one pending token; `prefill`:
     (request, tokens to compute). With `drafts` (one per decode request), each decode request
     carries [pending token, draft nodes...] as a token tree and every one of its tokens gets a
-    logits row. Requests (`request.Request`) hold rows of `rows`; the decode region is gathered
-    from those rows with a few array operations, whatever the batch size and context."""
+    logits row. Requests (`request.Request`) hold rows of `rows`: a region's page tables are
+    those rows (`Region.rows`), which the runner reads from its device copy of `rows.pages`, so
+    nothing of width pages-per-sequence is built or sent; the rest is gathered from the rows
+    with a few array operations, whatever the batch size and context."""
     S = page_size
     n_dec = len(decode)
     q_dec = 1 if drafts is None else bucket(1 + max(len(d) for d in drafts), 2)
@@ -288,14 +290,9 @@ def build_batch(decode: Sequence[Any], prefill: Sequence[tuple[Any, int]], draft
     if layout.n_dec:
         cu = np.zeros(layout.n_dec + 1, np.int32)
         kv_lens = np.zeros(layout.n_dec, np.int32)
-        # decode-only steps on the CPU path read the persistent table on the device
-        persistent = drafts is None and not layout.n_pre and uses_cpu_decode(impl, layout)
-        if persistent:
-            pages, table_rows = None, np.zeros(layout.n_dec, np.int32)
-            table_rows[:n_dec] = d_rows
-        else:
-            pages, table_rows = np.zeros((layout.n_dec, layout.pps), np.int32), None
-            pages[:n_dec] = rows.pages[d_rows, :layout.pps]
+        # page tables: rows of the persistent table, which the runner keeps on the device
+        table_rows = np.zeros(layout.n_dec, np.int32)
+        table_rows[:n_dec] = d_rows
         out_rows = np.arange(n_dec) * layout.q_dec
         # the pending token sits at position num_computed; the request has generated
         # num_computed + 1 - len(prompt) tokens
@@ -316,11 +313,11 @@ def build_batch(decode: Sequence[Any], prefill: Sequence[tuple[Any, int]], draft
             tree = _draft_region(layout, decode, drafts, rows, tokens, positions, slots,
                                  logits_index, cu, kv_lens, S)
         cu[n_dec + 1:] = cu[n_dec]
-        dec = Region(cu, kv_lens, pages, n_dec, table_rows)
+        dec = Region(cu, kv_lens, None, n_dec, table_rows)
     if layout.n_pre:
         cu = np.zeros(layout.n_pre + 1, np.int32)
         kv_lens = np.zeros(layout.n_pre, np.int32)
-        pages = np.zeros((layout.n_pre, layout.pps), np.int32)
+        table_rows = np.zeros(layout.n_pre, np.int32)
         t = split
         for i, (seq, n) in enumerate(prefill):
             start = seq.num_computed
@@ -334,7 +331,7 @@ def build_batch(decode: Sequence[Any], prefill: Sequence[tuple[Any, int]], draft
             slots[t:t + n] = table[pos // S] * S + pos % S
             cu[i + 1] = cu[i] + n
             kv_lens[i] = start + n
-            pages[i] = table[:layout.pps]
+            table_rows[i] = seq.row
             t += n
             if start + n == seq.num_tokens:  # the last pending token: sample after it
                 row = split + i
@@ -342,10 +339,9 @@ def build_batch(decode: Sequence[Any], prefill: Sequence[tuple[Any, int]], draft
                 sampling_rows(row, seq.row, len(seq.output))
                 row_of.append((seq, row))
         cu[len(prefill) + 1:] = cu[len(prefill)]
-        pre = Region(cu, kv_lens, pages, len(prefill))
+        pre = Region(cu, kv_lens, None, len(prefill), table_rows)
     return StepBatch(layout, tokens, positions, slots, logits_index, temperature, top_p, top_k,
-                     seeds, gen_index, dec, pre, tree, tuple(row_of),
-                     rows if dec is not None and dec.pages is None else None, token_src)
+                     seeds, gen_index, dec, pre, tree, tuple(row_of), rows, token_src)
 
 
 def _draft_region(layout: Layout, decode, drafts, rows: RequestRows, tokens, positions, slots,

@@ -347,9 +347,8 @@ class Engine:
         """Bring a launched step's tokens to the host (one transfer) and commit them: append,
         finish (EOS, stop ids, budget), register completed prompt prefixes. A request that
         ended meanwhile (finished by the step before, or aborted) drops its token."""
-        c0 = time.perf_counter()
         toks, lps, top = self.runner.fetch(inflight.launched)
-        now = self.clock()
+        c0, now = time.perf_counter(), self.clock()
         finished = []
         for seq, row, pos in inflight.pending:
             if seq.status is RequestStatus.FINISHED:
@@ -368,7 +367,7 @@ class Engine:
                 finished.append(self._finish(seq, reason))
         stats, rt = inflight.stats, self.runner.timings
         stats.device_s, stats.d2h_s = rt.device_s, rt.d2h_s
-        stats.commit_s = time.perf_counter() - c0 - rt.device_s - rt.d2h_s
+        stats.commit_s = time.perf_counter() - c0
         stats.duration_s = self.clock() - inflight.t0
         return finished
 

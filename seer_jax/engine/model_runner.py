@@ -116,8 +116,14 @@ def _paged_attention(cache, meta, layer, q, k, v, *, layout: Layout, plan: Atten
     outs = []
     split = layout.n_dec * layout.q_dec
 
+    def region_table(prefix):
+        """The region's page tables: rows of the persistent device table, or its own."""
+        if f"{prefix}_rows" in meta:
+            return meta["page_table"][meta[f"{prefix}_rows"], :layout.pps]
+        return meta[f"{prefix}_pages"]
+
     def attend(q_region, prefix, max_q_len, parents=None):
-        kv_lens, table = meta[f"{prefix}_kv_lens"], meta[f"{prefix}_pages"]
+        kv_lens, table = meta[f"{prefix}_kv_lens"], region_table(prefix)
         cu, num = meta[f"{prefix}_cu"], meta[f"{prefix}_num"]
         if plan.wrapped:
             return kernel_attention(plan, q_region, kv_all, kv_lens, table, cu, num,
@@ -133,14 +139,15 @@ def _paged_attention(cache, meta, layer, q, k, v, *, layout: Layout, plan: Atten
             q_region, gather_pages(kv_all, flat, layer), kv_lens, local, cu, num,
             tree_parents=parents, max_q_len=max_q_len, impl="reference")
 
-    if layout.n_dec and "dec_rows" in meta:  # rows of the persistent table (CPU decode)
-        outs.append(paged_decode_attention(
-            q[:split], kv_all, meta["dec_kv_lens"], meta["page_table"], meta["dec_num"],
-            layer=layer, rows=meta["dec_rows"]))
-    elif layout.n_dec and uses_cpu_decode(plan.impl, layout) and meta.get("dec_parents") is None:
-        outs.append(paged_decode_attention(
-            q[:split], kv_all, meta["dec_kv_lens"], meta["dec_pages"], meta["dec_num"],
-            layer=layer))
+    if layout.n_dec and uses_cpu_decode(plan.impl, layout) and meta.get("dec_parents") is None:
+        if "dec_rows" in meta:  # rows of the persistent table, read in place
+            outs.append(paged_decode_attention(
+                q[:split], kv_all, meta["dec_kv_lens"], meta["page_table"], meta["dec_num"],
+                layer=layer, rows=meta["dec_rows"]))
+        else:
+            outs.append(paged_decode_attention(
+                q[:split], kv_all, meta["dec_kv_lens"], meta["dec_pages"], meta["dec_num"],
+                layer=layer))
     elif layout.n_dec:
         outs.append(attend(q[:split], "dec", layout.q_dec, meta.get("dec_parents")))
     if layout.n_pre:
