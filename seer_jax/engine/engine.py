@@ -350,12 +350,13 @@ class Engine:
         toks, lps, top = self.runner.fetch(inflight.launched)
         c0, now = time.perf_counter(), self.clock()
         finished = []
+        toks, lps = toks.tolist(), lps.tolist()
         for seq, row, pos in inflight.pending:
             if seq.status is RequestStatus.FINISHED:
                 continue
-            tok = int(toks[row])
+            tok = toks[row]
             seq.commit_token(pos, tok, inflight.step)
-            seq.logprobs.append(float(lps[row]))
+            seq.logprobs.append(lps[row])
             if seq.sampling.top_logprobs:
                 k = seq.sampling.top_logprobs
                 seq.tops.append(list(zip(top[0][row, :k].tolist(), top[1][row, :k].tolist(),

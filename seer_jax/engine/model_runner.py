@@ -26,6 +26,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import functools
+import math
 import time
 
 import jax
@@ -231,6 +232,18 @@ def verify_outputs(packed: np.ndarray, layout: Layout):
     return (toks, lps, n_acc, nodes), (tuple(pre) if pre else None)
 
 
+def _unpack_inputs(flat, spec):
+    """The step's input arrays from one int32 vector: spec is ((name, shape, dtype str), ...)
+    in packing order; 32-bit floats and unsigned ints are bit-cast back."""
+    out, at = {}, 0
+    for name, shape, dtype in spec:
+        n = math.prod(shape)
+        part = flat[at:at + n].reshape(shape)
+        out[name] = part if dtype == "<i4" else jax.lax.bitcast_convert_type(part, jnp.dtype(dtype))
+        at += n
+    return out
+
+
 def _merge_tokens(tokens, src, prev):
     """The step's input tokens with those still on the device filled in: token i is
     prev[src[i]] (a sampled token of the previous step's packed outputs) where src[i] >= 0."""
@@ -358,6 +371,8 @@ class ModelRunner:
         self._set_entries = jax.jit(_set_entries, donate_argnums=0, in_shardings=(rep, rep, rep),
                                     out_shardings=rep)
         self._merge_tokens = jax.jit(_merge_tokens, in_shardings=(rep, rep, rep), out_shardings=rep)
+        self._unpack_inputs = jax.jit(_unpack_inputs, static_argnums=1, in_shardings=(rep,),
+                                      out_shardings=rep)
 
     def device_input(self, x, dtype=None) -> jax.Array:
         """A host array as a step input: on this process's default device, or replicated over a
@@ -421,7 +436,12 @@ class ModelRunner:
         """The step's inputs on the device (dispatched, not waited for), with the persistent
         page table if the batch indexes it, and the pending tokens read from `prev`'s outputs
         on the device where `batch.token_src` says so."""
-        dev = {k: self.device_input(v) for k, v in batch.arrays().items()}
+        arrays = batch.arrays()
+        # one transfer for the whole batch (every input is 32-bit): packed on the host, taken
+        # apart on the device
+        spec = tuple((k, np.shape(v), np.asarray(v).dtype.str) for k, v in arrays.items())
+        flat = np.concatenate([np.asarray(v).reshape(-1).view(np.int32) for v in arrays.values()])
+        dev = dict(self._unpack_inputs(self.device_input(flat), spec))
         if batch.page_table is not None:
             dev["page_table"] = self.sync_page_table(batch.page_table)
         if batch.token_src is not None:
