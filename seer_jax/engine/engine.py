@@ -117,7 +117,9 @@ class StepStats:
     # where the step went (time.perf_counter seconds, whatever the engine clock): planning
     # (schedule, drafts, batch build), the runner's phases (`ModelRunner.timings`), commit
     # (everything after: emissions, appends, finishes); compile_s: compiling a new step shape
-    # (zero in steady state)
+    # (zero in steady state). With overlap a step's phases span two step() calls: plan and h2d
+    # in the call that dispatches it, device (dispatch + waiting for it), d2h and commit in the
+    # next one.
     plan_s: float = 0.0
     h2d_s: float = 0.0
     device_s: float = 0.0
@@ -306,13 +308,14 @@ class Engine:
         t0, p0 = self.clock(), time.perf_counter()
         prev = self._inflight
         plan = self._plan(idle_ok=prev is not None)
-        self._inflight = None
-        if plan is not None:
+        launched = None
+        if plan is not None:  # (if this raises, prev stays in flight: its tokens are not lost)
             p1, compile0 = time.perf_counter(), self.runner.compile_s
-            self._inflight = self._launch(plan, prev, t0)
-            stats = self._inflight.stats
+            launched = self._launch(plan, prev, t0)
+            stats = launched.stats
             stats.plan_s, stats.compile_s = p1 - p0, self.runner.compile_s - compile0
-            stats.h2d_s = self._inflight.launched.h2d_s
+            stats.h2d_s = launched.launched.h2d_s
+        self._inflight = launched
         finished, self._ready = self._ready, []
         if prev is not None:
             finished += self._commit_inflight(prev)
