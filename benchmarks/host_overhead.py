@@ -11,6 +11,9 @@ speculation, the engine's own per-step phase timings (`StepStats`) split a step 
   commit   host: emissions, appends, finishes, page roll-back, stats
   host     everything on the critical path that is not device time (plan + h2d + d2h + commit)
   wall     the step() call, measured around it
+  exposed  overlap only: host time on the critical path, an upper bound per step: zero when the
+           host still had to wait for step N after dispatching N+1 (the device went from N to
+           N+1 without idling), else the planning and dispatch of N+1
 
 Each point runs one step at a time (`overlap` off) and overlapped (on: step N+1 is planned and
 dispatched while step N runs, then N is committed; its phases then no longer add up to the
@@ -46,6 +49,7 @@ import numpy as np  # noqa: E402
 from seer_jax.provenance import run_info  # noqa: E402
 
 PHASES = ("plan", "h2d", "device", "d2h", "commit")
+WAIT_MIN_S = 1e-4  # a blocking wait shorter than this is the call itself, not the device
 GROUP = 8
 PERIOD = 37
 
@@ -128,21 +132,33 @@ def run_point(model: str, batch: int, ctx: int, spec: bool, steps: int, warmup: 
                                    for s in kept]))
     med["host"] = float(np.median([s.plan_s + s.h2d_s + s.d2h_s + s.commit_s for s in kept]))
     med["wall"] = float(np.median(steady_walls)) if steady_walls else float("nan")
+    if overlap:
+        # step N+1 was dispatched before the host waited for step N; if the host then still had
+        # to wait, N+1 was queued when N ended and the device did not idle between them: no
+        # host time on the critical path. Otherwise the device may have idled for at most the
+        # planning and dispatch of N+1 (an upper bound).
+        ok = {id(s) for s in kept}
+        pairs = [(a, b) for a, b in zip(stats, stats[1:], strict=False) if id(a) in ok and id(b) in ok]
+        exposed = [0.0 if a.wait_s > WAIT_MIN_S else b.plan_s + b.h2d_s for a, b in pairs]
+        if pairs:
+            out["host_waited_share"] = round(sum(a.wait_s > WAIT_MIN_S for a, _ in pairs) / len(pairs), 3)
+            med["exposed_host"] = float(np.median(exposed))
     out.update({f"{k}_ms": round(1e3 * v, 3) for k, v in med.items()})
     return out
 
 
 def markdown(points: list[dict]) -> str:
     head = ("| model | batch | ctx | spec | overlap | plan ms | h2d ms | device ms | d2h ms "
-            "| commit ms | host ms | step ms | wall ms |")
-    rows = [head, "|" + "---|" * 13]
+            "| commit ms | host ms | step ms | wall ms | exposed host ms |")
+    rows = [head, "|" + "---|" * 14]
     for p in points:
         key = (f"| {p['model']} | {p['batch']} | {p['context']} | {'on' if p['spec'] else 'off'} "
                f"| {'on' if p.get('overlap') else 'off'} |")
         if p["status"] != "ok":
-            rows.append(key + f" {p['status']} |" + " |" * 7)
+            rows.append(key + f" {p['status']} |" + " |" * 9)
             continue
-        rows.append(key + "".join(f" {p[f'{k}_ms']:.2f} |" for k in (*PHASES, "host", "step", "wall")))
+        rows.append(key + "".join(f" {p[f'{k}_ms']:.2f} |" for k in (*PHASES, "host", "step", "wall"))
+                    + (f" {p['exposed_host_ms']:.3f} |" if "exposed_host_ms" in p else " |"))
     return "\n".join(rows)
 
 
@@ -214,6 +230,10 @@ def main(argv: list[str] | None = None) -> int:
             p8, p1, p32 = (find(model, 256, c, spec) for c in (8192, 1024, 32768))
             if p8:
                 summary[f"{tag}_host_ms_b256_ctx8k"] = p8["host_ms"]
+            o8 = find(model, 256, 8192, spec, True)
+            if o8 and "exposed_host_ms" in o8:
+                summary[f"{tag}_overlap_exposed_host_ms_b256_ctx8k"] = o8["exposed_host_ms"]
+                summary[f"{tag}_overlap_host_waited_share_b256_ctx8k"] = o8["host_waited_share"]
             if p1 and p32:
                 summary[f"{tag}_host_ratio_b256_ctx32k_over_1k"] = round(p32["host_ms"] / p1["host_ms"], 2)
         # overlapped wall time per step against max(device, host) of the same point one step

@@ -126,6 +126,9 @@ class StepStats:
     d2h_s: float = 0.0
     commit_s: float = 0.0
     compile_s: float = 0.0
+    # the part of device_s the host spent blocked on the step's outputs: with overlap, a wait
+    # means the next step was already dispatched when this one ended (no device idle between)
+    wait_s: float = 0.0
 
 
 @dataclasses.dataclass
@@ -297,6 +300,7 @@ class Engine:
         finished = self._commit(plan, emissions, t0)
         stats, rt = self.step_stats[-1], self.runner.timings
         stats.plan_s, stats.h2d_s, stats.device_s, stats.d2h_s = p1 - p0, rt.h2d_s, rt.device_s, rt.d2h_s
+        stats.wait_s = rt.wait_s
         stats.compile_s = self.runner.compile_s - compile0
         stats.commit_s = time.perf_counter() - p1 - rt.h2d_s - rt.device_s - rt.d2h_s - stats.compile_s
         if self.spec is not None:  # a budget fitted to measured steps learns from this one
@@ -370,7 +374,7 @@ class Engine:
             if reason is not None:
                 finished.append(self._finish(seq, reason))
         stats, rt = inflight.stats, self.runner.timings
-        stats.device_s, stats.d2h_s = rt.device_s, rt.d2h_s
+        stats.device_s, stats.d2h_s, stats.wait_s = rt.device_s, rt.d2h_s, rt.wait_s
         stats.commit_s = time.perf_counter() - c0
         stats.duration_s = self.clock() - inflight.t0
         return finished

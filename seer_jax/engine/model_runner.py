@@ -64,11 +64,14 @@ MAX_EXECUTABLES = 512
 class StepTimings:
     """Host-clock seconds of the runner's last step, by phase: inputs to the device (h2d), the
     compiled step until its outputs are ready (device, dispatch included), outputs back to the
-    host (d2h). Compiling a new shape is not in them (`ModelRunner.compile_s`)."""
+    host (d2h). Compiling a new shape is not in them (`ModelRunner.compile_s`). wait: the part
+    of device the host spent blocked on the outputs (with overlap, zero when the step was done
+    before the host came for it)."""
 
     h2d_s: float = 0.0
     device_s: float = 0.0
     d2h_s: float = 0.0
+    wait_s: float = 0.0
 
 
 @dataclasses.dataclass
@@ -483,7 +486,7 @@ class ModelRunner:
         t1 = time.perf_counter()
         packed = to_host(launched.packed)
         t2 = time.perf_counter()
-        self.timings = StepTimings(launched.h2d_s, launched.dispatch_s + t1 - t0, t2 - t1)
+        self.timings = StepTimings(launched.h2d_s, launched.dispatch_s + t1 - t0, t2 - t1, t1 - t0)
         if launched.kind == "verify":
             return verify_outputs(packed, launched.layout)
         return sample_outputs(packed, launched.layout, launched.num_top)
