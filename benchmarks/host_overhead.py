@@ -32,6 +32,11 @@ would overrun `--time-budget-s`, is skipped with the reason in the JSON.
 
   python benchmarks/host_overhead.py --json benchmarks/results/host_overhead/after.json
   python benchmarks/host_overhead.py --models tiny --batches 64 --contexts 1024 --steps 4  # quick
+  python benchmarks/host_overhead.py --ab medium:64:1024,medium:256:1024 --json ab.json
+
+With --ab, each model:batch:context point runs two engines, overlap off and on, in alternating
+blocks of steps, so that both see the same machine (on a busy machine a step's device time
+moves by tens of percent between runs).
 """
 
 from __future__ import annotations
@@ -79,15 +84,16 @@ def point_memory_gib(cfg, batch: int, ctx: int, spec: bool, page_size: int) -> t
     return kv, verify
 
 
-def run_point(model: str, batch: int, ctx: int, spec: bool, steps: int, warmup: int,
-              page_size: int, overlap: bool = False) -> dict:
+def build_engine(model: str, batch: int, ctx: int, spec: bool, page_size: int, overlap: bool,
+                 max_tokens: int):
+    """An engine holding `batch` requests of `ctx` tokens of imported KV (admitted by its first
+    step, not yet run)."""
     import jax
 
     from seer_jax.engine.engine import Engine, EngineConfig, KVBlob
     from seer_jax.model.llama import init_params
     from seer_jax.model.sampling_params import SamplingParams
 
-    max_tokens = 16 * (warmup + steps + 2) if spec else warmup + steps + 2
     max_len = ctx + max_tokens
     cfg = model_config(model, max_len)
     params = init_params(cfg, jax.random.PRNGKey(0))
@@ -97,15 +103,21 @@ def run_point(model: str, batch: int, ctx: int, spec: bool, steps: int, warmup: 
                         max_model_len=max_len, speculation=spec, overlap=overlap)
     eng = Engine(cfg, params, ecfg, eos_ids=())
     rng = np.random.default_rng(0)
-    n_kv = ctx - 1
-    zeros = np.zeros((cfg.num_layers, cfg.num_kv_heads, n_kv, cfg.head_dim), np.float32)
-    t_setup = time.perf_counter()
+    zeros = np.zeros((cfg.num_layers, cfg.num_kv_heads, ctx - 1, cfg.head_dim), np.float32)
     for g in range(-(-batch // GROUP)):
         pattern = rng.integers(3, cfg.vocab_size, size=PERIOD).tolist()
         prompt = (pattern * (ctx // PERIOD + 1))[:ctx]
         for i in range(min(GROUP, batch - g * GROUP)):
             eng.add_request(f"{g}-{i}", prompt, max_tokens, SamplingParams(temperature=0.0),
                             kv=KVBlob(prompt, [], zeros, zeros), group_id=str(g))
+    return eng
+
+
+def run_point(model: str, batch: int, ctx: int, spec: bool, steps: int, warmup: int,
+              page_size: int, overlap: bool = False) -> dict:
+    max_tokens = 16 * (warmup + steps + 2) if spec else warmup + steps + 2
+    t_setup = time.perf_counter()
+    eng = build_engine(model, batch, ctx, spec, page_size, overlap, max_tokens)
     eng.step()  # admits every request (KV import) and runs the first decode
     setup_s = time.perf_counter() - t_setup
     t_run = time.perf_counter()
@@ -147,6 +159,43 @@ def run_point(model: str, batch: int, ctx: int, spec: bool, steps: int, warmup: 
     return out
 
 
+def run_ab(model: str, batch: int, ctx: int, steps: int, rounds: int, warmup: int,
+           page_size: int) -> dict:
+    """Overlap off and on, in alternating blocks of `steps` decode steps (`rounds` each), so
+    that both see the same machine: wall time per step of each (median over blocks), and the
+    device and host time of the steps run one at a time."""
+    max_tokens = warmup + rounds * steps + 4
+    engines = {o: build_engine(model, batch, ctx, False, page_size, o, max_tokens)
+               for o in (False, True)}
+    for eng in engines.values():
+        for _ in range(1 + warmup):  # admission, then compiles
+            eng.step()
+    blocks: dict[bool, list[float]] = {False: [], True: []}
+    for _ in range(rounds):
+        for o, eng in engines.items():
+            c0, t0 = eng.runner.compile_s, time.perf_counter()
+            for _ in range(steps):
+                eng.step()
+            if eng.runner.compile_s == c0:
+                blocks[o].append((time.perf_counter() - t0) / steps)
+    sync = [s for s in list(engines[False].step_stats)[1 + warmup:] if s.compile_s == 0]
+    engines[True].drain()
+    over = [s for s in list(engines[True].step_stats)[1 + warmup:] if s.compile_s == 0]
+    if not (blocks[False] and blocks[True] and sync):
+        return {"status": "no steady-state block"}
+    device = float(np.median([s.device_s for s in sync]))
+    host = float(np.median([s.plan_s + s.h2d_s + s.d2h_s + s.commit_s for s in sync]))
+    off, on = float(np.median(blocks[False])), float(np.median(blocks[True]))
+    return {"status": "ok", "rounds": rounds, "steps_per_block": steps,
+            "wall_off_ms": round(1e3 * off, 3), "wall_on_ms": round(1e3 * on, 3),
+            "device_ms": round(1e3 * device, 3), "host_ms": round(1e3 * host, 3),
+            "blocks_off_ms": [round(1e3 * b, 2) for b in blocks[False]],
+            "blocks_on_ms": [round(1e3 * b, 2) for b in blocks[True]],
+            "host_waited_share": round(float(np.mean([s.wait_s > WAIT_MIN_S for s in over[:-1]])), 3),
+            "overlap_wall_over_max_device_host": round(on / max(device, host), 3),
+            "overlap_wall_over_sync_wall": round(on / off, 3)}
+
+
 def markdown(points: list[dict]) -> str:
     head = ("| model | batch | ctx | spec | overlap | plan ms | h2d ms | device ms | d2h ms "
             "| commit ms | host ms | step ms | wall ms | exposed host ms |")
@@ -178,6 +227,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--page-size", type=int, default=16)
     ap.add_argument("--mem-limit-gib", type=float, default=10.0)
     ap.add_argument("--time-budget-s", type=float, default=840.0)
+    ap.add_argument("--ab", default="",
+                    help="model:batch:context points (comma-separated) to run with overlap off and "
+                         "on in alternating blocks, instead of the grid")
+    ap.add_argument("--ab-rounds", type=int, default=4)
+    ap.add_argument("--ab-steps", type=int, default=3, help="steps per block")
     ap.add_argument("--json", default=None)
     ap.add_argument("--markdown", default=None, help="also write the table here")
     args = ap.parse_args(argv)
@@ -188,6 +242,8 @@ def main(argv: list[str] | None = None) -> int:
     overlaps = [{"off": False, "on": True}[s] for s in args.overlap.split(",") if s]
 
     t_start = time.perf_counter()
+    if args.ab:
+        return run_ab_points(args, t_start)
     points = []
     # cheapest first, so a time budget cuts the large points
     grid = sorted(((m, b, c, s, o) for m in models for s in specs for b in batches
@@ -256,6 +312,33 @@ def main(argv: list[str] | None = None) -> int:
     if args.markdown:
         with open(args.markdown, "w") as f:
             f.write(table + "\n")
+    return 0
+
+
+def run_ab_points(args, t_start: float) -> int:
+    ab = []
+    for item in args.ab.split(","):
+        model, batch, ctx = item.split(":")
+        point = {"model": model, "batch": int(batch), "context": int(ctx)}
+        kv_gib, _ = point_memory_gib(model_config(model, int(ctx) + 1024), int(batch), int(ctx),
+                                     False, args.page_size)
+        if 2 * kv_gib > args.mem_limit_gib:
+            point["status"] = f"skipped: two KV caches of {kv_gib:.1f} GiB > --mem-limit-gib"
+        else:
+            point.update(run_ab(model, int(batch), int(ctx), args.ab_steps, args.ab_rounds,
+                                args.warmup, args.page_size))
+        ab.append(point)
+        print(json.dumps(point), flush=True)
+    summary = {f"{p['model']}_b{p['batch']}_ctx{p['context']}_{k}": p[k] for p in ab
+               if p["status"] == "ok" for k in ("overlap_wall_over_max_device_host",
+                                                "overlap_wall_over_sync_wall", "host_waited_share")}
+    summary["wall_s"] = round(time.perf_counter() - t_start, 1)
+    report = {"summary": summary, "run": run_info(), "args": vars(args), "ab": ab}
+    print(json.dumps(summary, indent=1))
+    if args.json:
+        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=1)
     return 0
 
 
