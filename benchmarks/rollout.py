@@ -21,6 +21,7 @@ def main(argv=None) -> int:
                    help="write every policy's response token ids here (JSONL, one line per "
                         "policy and response)")
     args, overrides = p.parse_known_args(argv)
+    from seer_jax.analysis.policies import CATALOG
     from seer_jax.analysis.token_diffs import token_differences
     from seer_jax.config_files import load_config_file
     from seer_jax.provenance import run_info
@@ -28,7 +29,7 @@ def main(argv=None) -> int:
 
     cfg = load_config_file(args.config, overrides)
     t0 = time.perf_counter()
-    result = run_rollout(cfg)
+    result = run_rollout(cfg, catalog=CATALOG)  # the oracles compared against live in analysis
     wall = time.perf_counter() - t0
     from rich.console import Console
 

@@ -98,6 +98,8 @@ class StepBatch:
     rows: (sequence, row) of every live sampled row, for the engine's bookkeeping.
     page_table: the persistent rows a region's `rows` index (None when every region carries
     its own page tables).
+    token_src: [layout.num_tokens] int32 or None: where a token is still on the device (the
+    sampled row of the previous, not yet committed step; -1 = `tokens` holds it).
     """
 
     layout: Layout
@@ -115,6 +117,7 @@ class StepBatch:
     draft: DraftTree | None = None
     rows: tuple = ()
     page_table: RequestRows | None = None
+    token_src: np.ndarray | None = None
 
     def arrays(self) -> dict[str, np.ndarray]:
         """The flat name -> array dict the jitted step takes (a pytree of fixed structure for a
@@ -249,8 +252,10 @@ def build_batch(decode: Sequence[Any], prefill: Sequence[tuple[Any, int]], draft
     """Padded arrays for one step. `decode`: requests with one pending token; `prefill`:
     (request, tokens to compute). With `drafts` (one per decode request), each decode request
     carries [pending token, draft nodes...] as a token tree and every one of its tokens gets a
-    logits row. Requests (`request.Request`) hold rows of `rows`; the decode region is gathered
-    from those rows with a few array operations, whatever the batch size and context."""
+    logits row. Requests (`request.Request`) hold rows of `rows`: a region's page tables are
+    those rows (`Region.rows`), which the runner reads from its device copy of `rows.pages`, so
+    nothing of width pages-per-sequence is built or sent; the rest is gathered from the rows
+    with a few array operations, whatever the batch size and context."""
     S = page_size
     n_dec = len(decode)
     q_dec = 1 if drafts is None else bucket(1 + max(len(d) for d in drafts), 2)
@@ -273,6 +278,7 @@ def build_batch(decode: Sequence[Any], prefill: Sequence[tuple[Any, int]], draft
     seeds = np.zeros(R, np.uint32)
     gen_index = np.zeros(R, np.int32)
     row_of: list[tuple[Any, int]] = []
+    token_src = None
 
     def sampling_rows(out_rows, req_rows, generated):
         temperature[out_rows], top_p[out_rows] = rows.temperature[req_rows], rows.top_p[req_rows]
@@ -284,14 +290,9 @@ def build_batch(decode: Sequence[Any], prefill: Sequence[tuple[Any, int]], draft
     if layout.n_dec:
         cu = np.zeros(layout.n_dec + 1, np.int32)
         kv_lens = np.zeros(layout.n_dec, np.int32)
-        # decode-only steps on the CPU path read the persistent table on the device
-        persistent = drafts is None and not layout.n_pre and uses_cpu_decode(impl, layout)
-        if persistent:
-            pages, table_rows = None, np.zeros(layout.n_dec, np.int32)
-            table_rows[:n_dec] = d_rows
-        else:
-            pages, table_rows = np.zeros((layout.n_dec, layout.pps), np.int32), None
-            pages[:n_dec] = rows.pages[d_rows, :layout.pps]
+        # page tables: rows of the persistent table, which the runner keeps on the device
+        table_rows = np.zeros(layout.n_dec, np.int32)
+        table_rows[:n_dec] = d_rows
         out_rows = np.arange(n_dec) * layout.q_dec
         # the pending token sits at position num_computed; the request has generated
         # num_computed + 1 - len(prompt) tokens
@@ -299,6 +300,10 @@ def build_batch(decode: Sequence[Any], prefill: Sequence[tuple[Any, int]], draft
         row_of.extend(zip(decode, out_rows.tolist(), strict=True))
         if drafts is None:
             tokens[:n_dec] = np.fromiter((s.token_ids[s.num_computed] for s in decode), np.int32, n_dec)
+            src = np.fromiter((s.pending_row for s in decode), np.int32, n_dec)
+            if (src >= 0).any():  # sampled by the step still in flight: read on the device
+                token_src = np.full(N, -1, np.int32)
+                token_src[:n_dec] = src
             positions[:n_dec] = d_computed
             slots[:n_dec] = rows.pages[d_rows, d_computed // S] * S + d_computed % S
             cu[1:n_dec + 1] = np.arange(1, n_dec + 1)
@@ -308,14 +313,17 @@ def build_batch(decode: Sequence[Any], prefill: Sequence[tuple[Any, int]], draft
             tree = _draft_region(layout, decode, drafts, rows, tokens, positions, slots,
                                  logits_index, cu, kv_lens, S)
         cu[n_dec + 1:] = cu[n_dec]
-        dec = Region(cu, kv_lens, pages, n_dec, table_rows)
+        dec = Region(cu, kv_lens, None, n_dec, table_rows)
     if layout.n_pre:
         cu = np.zeros(layout.n_pre + 1, np.int32)
         kv_lens = np.zeros(layout.n_pre, np.int32)
-        pages = np.zeros((layout.n_pre, layout.pps), np.int32)
+        table_rows = np.zeros(layout.n_pre, np.int32)
         t = split
         for i, (seq, n) in enumerate(prefill):
             start = seq.num_computed
+            if seq.pending_row >= 0:
+                raise ValueError(f"request {seq.request_id!r}: prefill while its last token is "
+                                 "still on the device")
             pos = np.arange(start, start + n)
             tokens[t:t + n] = seq.token_ids[start:start + n]
             positions[t:t + n] = pos
@@ -323,7 +331,7 @@ def build_batch(decode: Sequence[Any], prefill: Sequence[tuple[Any, int]], draft
             slots[t:t + n] = table[pos // S] * S + pos % S
             cu[i + 1] = cu[i] + n
             kv_lens[i] = start + n
-            pages[i] = table[:layout.pps]
+            table_rows[i] = seq.row
             t += n
             if start + n == seq.num_tokens:  # the last pending token: sample after it
                 row = split + i
@@ -331,10 +339,9 @@ def build_batch(decode: Sequence[Any], prefill: Sequence[tuple[Any, int]], draft
                 sampling_rows(row, seq.row, len(seq.output))
                 row_of.append((seq, row))
         cu[len(prefill) + 1:] = cu[len(prefill)]
-        pre = Region(cu, kv_lens, pages, len(prefill))
+        pre = Region(cu, kv_lens, None, len(prefill), table_rows)
     return StepBatch(layout, tokens, positions, slots, logits_index, temperature, top_p, top_k,
-                     seeds, gen_index, dec, pre, tree, tuple(row_of),
-                     rows if dec is not None and dec.pages is None else None)
+                     seeds, gen_index, dec, pre, tree, tuple(row_of), rows, token_src)
 
 
 def _draft_region(layout: Layout, decode, drafts, rows: RequestRows, tokens, positions, slots,
@@ -350,6 +357,9 @@ def _draft_region(layout: Layout, decode, drafts, rows: RequestRows, tokens, pos
     num_draft = np.zeros(layout.n_dec, np.int32)
     t = 0
     for i, (seq, d) in enumerate(zip(decode, drafts, strict=True)):
+        if seq.pending_row >= 0:
+            raise ValueError(f"request {seq.request_id!r}: drafts while its last token is still "
+                             "on the device")
         n = len(d)
         root = seq.num_computed
         tokens[t] = seq.token_ids[root]

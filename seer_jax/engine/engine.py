@@ -23,8 +23,8 @@ from seer_jax.engine.attention_backend import ENGINE_IMPLS
 from seer_jax.engine.batch import RequestRows, StepBatch, build_batch
 from seer_jax.engine.block_manager import BlockManager, OutOfPages
 from seer_jax.engine.kv_cache import KVBlob, KVCacheManager
-from seer_jax.engine.model_runner import ModelRunner
-from seer_jax.engine.request import Request
+from seer_jax.engine.model_runner import Launched, ModelRunner
+from seer_jax.engine.request import Request, RequestStatus
 from seer_jax.engine.scheduler import Scheduler
 from seer_jax.errors import ConfigError, InputError, SeerError
 from seer_jax.model.config import ModelConfig
@@ -46,6 +46,10 @@ class EngineConfig:
     preemption: str = "recompute"  # or "swap"
     max_top_logprobs: int = 0
     speculation: bool = False  # grouped speculative decoding (drafts from the group context)
+    # plan and dispatch step N+1 while step N runs on the device, then commit step N (its
+    # sampled tokens feed step N+1 on the device); finished requests come back one step later.
+    # Steps that verify drafts run one at a time (their drafts need the committed tokens).
+    overlap: bool = True
     # per-step statistics kept (the most recent); an engine a trainer keeps alive for days must
     # not grow without bound
     max_step_stats: int = 100_000
@@ -113,13 +117,31 @@ class StepStats:
     # where the step went (time.perf_counter seconds, whatever the engine clock): planning
     # (schedule, drafts, batch build), the runner's phases (`ModelRunner.timings`), commit
     # (everything after: emissions, appends, finishes); compile_s: compiling a new step shape
-    # (zero in steady state)
+    # (zero in steady state). With overlap a step's phases span two step() calls: plan and h2d
+    # in the call that dispatches it, device (dispatch + waiting for it), d2h and commit in the
+    # next one.
     plan_s: float = 0.0
     h2d_s: float = 0.0
     device_s: float = 0.0
     d2h_s: float = 0.0
     commit_s: float = 0.0
     compile_s: float = 0.0
+    # the part of device_s the host spent blocked on the step's outputs: with overlap, a wait
+    # means the next step was already dispatched when this one ended (no device idle between)
+    wait_s: float = 0.0
+
+
+@dataclasses.dataclass
+class InFlight:
+    """A step dispatched and not yet committed (overlap): its plan, the runner's handle, and
+    the (request, output row, token position) of every token it samples."""
+
+    step: int
+    plan: StepPlan
+    launched: Launched
+    pending: list[tuple[Request, int, int]]
+    stats: StepStats
+    t0: float
 
 
 @dataclasses.dataclass
@@ -166,6 +188,9 @@ class Engine:
         self.spec = speculator
         if speculator is not None:
             speculator.budget.serve(cfg.cost_spec())
+        self.overlap = config.overlap and speculator is None
+        self._inflight: InFlight | None = None
+        self._ready: list[RequestOutput] = []  # finished by a commit outside step()
 
     # ------------------------------------------------------------------ requests
     def add_request(self, request_id: str, prompt_ids: list[int], max_tokens: int,
@@ -215,6 +240,7 @@ class Engine:
             self.spec.on_add(seq.group_id, prompt)
 
     def abort(self, request_id: str) -> RequestOutput | None:
+        self.drain()
         seq = self.seqs.pop(request_id, None)
         if seq is None:
             return None
@@ -222,11 +248,19 @@ class Engine:
         return self._output(seq, "abort")
 
     def has_unfinished(self) -> bool:
-        return bool(self.seqs)
+        return bool(self.seqs) or self._inflight is not None or bool(self._ready)
+
+    def drain(self) -> None:
+        """Commit the step in flight, if any (overlap), so that every request's tokens are on
+        the host; what it finishes comes back from the next `step()`."""
+        if self._inflight is not None:
+            inflight, self._inflight = self._inflight, None
+            self._ready += self._commit_inflight(inflight)
 
     def export_kv(self, request_id: str, release: bool = True) -> KVBlob:
         """The request's tokens and the K/V of its computed positions, on the host. With release,
         the request leaves this engine (it continues elsewhere via `add_request(kv=...)`)."""
+        self.drain()
         seq = self.seqs.get(request_id)
         if seq is None:
             raise InputError(f"unknown request id {request_id!r}")
@@ -252,7 +286,11 @@ class Engine:
     # ------------------------------------------------------------------ the step
     def step(self) -> list[RequestOutput]:
         """One iteration: plan (schedule, drafts, batch), execute (the jitted step), commit
-        (append tokens, finish sequences, stats). Returns the requests that finished in it."""
+        (append tokens, finish sequences, stats). Returns the requests that finished in it.
+        With overlap, the step is planned and dispatched, then the previous step is committed
+        while it runs: the requests that finished in the previous step are returned."""
+        if self.overlap:
+            return self._step_overlapped()
         t0, p0 = self.clock(), time.perf_counter()
         plan = self._plan()
         if plan is None:
@@ -262,6 +300,7 @@ class Engine:
         finished = self._commit(plan, emissions, t0)
         stats, rt = self.step_stats[-1], self.runner.timings
         stats.plan_s, stats.h2d_s, stats.device_s, stats.d2h_s = p1 - p0, rt.h2d_s, rt.device_s, rt.d2h_s
+        stats.wait_s = rt.wait_s
         stats.compile_s = self.runner.compile_s - compile0
         stats.commit_s = time.perf_counter() - p1 - rt.h2d_s - rt.device_s - rt.d2h_s - stats.compile_s
         if self.spec is not None:  # a budget fitted to measured steps learns from this one
@@ -269,10 +308,101 @@ class Engine:
                                           time.perf_counter() - p0 - stats.compile_s)
         return finished
 
-    def _plan(self) -> StepPlan | None:
+    def _step_overlapped(self) -> list[RequestOutput]:
+        t0, p0 = self.clock(), time.perf_counter()
+        prev = self._inflight
+        plan = self._plan(idle_ok=prev is not None)
+        launched = None
+        if plan is not None:  # (if this raises, prev stays in flight: its tokens are not lost)
+            p1, compile0 = time.perf_counter(), self.runner.compile_s
+            launched = self._launch(plan, prev, t0)
+            stats = launched.stats
+            stats.plan_s, stats.compile_s = p1 - p0, self.runner.compile_s - compile0
+            stats.h2d_s = launched.launched.h2d_s
+        self._inflight = launched
+        finished, self._ready = self._ready, []
+        if prev is not None:
+            finished += self._commit_inflight(prev)
+        return finished
+
+    def _launch(self, plan: StepPlan, prev: InFlight | None, t0: float) -> InFlight:
+        """Dispatch the step; every request it samples reserves its next token position, and
+        its pages and computed length advance as if the step were done (the device runs
+        steps in order)."""
+        decode, prefill, batch = plan.decode, plan.prefill, plan.batch
+        launched = self.runner.launch(batch, self.config.max_top_logprobs,
+                                      None if prev is None else prev.launched)
+        step = self.step_count
+        for seq, n in [(s, 1) for s in decode] + prefill:
+            seq.num_computed += n
+            seq.metrics.num_steps += 1
+        for seq in decode:
+            seq.metrics.decode_steps += 1
+        pending = [(seq, row, seq.reserve_token(row, step)) for seq, row in batch.rows]
+        # prompts whose prefill this step completes are offered to their group-mates now: any
+        # later step that reads the pages runs after this one on the device
+        self._register_prefixes(prefill)
+        kv_tokens = sum(s.num_computed for s in decode) + sum(s.num_computed for s, _ in prefill)
+        n_pre = sum(n for _, n in prefill)
+        stats = StepStats(step, len(decode) + len(prefill), len(decode) + n_pre, n_pre,
+                          len(decode), 0.0, kv_tokens)
+        self.step_stats.append(stats)
+        self.step_count += 1
+        return InFlight(step, plan, launched, pending, stats, t0)
+
+    def _commit_inflight(self, inflight: InFlight) -> list[RequestOutput]:
+        """Bring a launched step's tokens to the host (one transfer) and commit them: append,
+        finish (EOS, stop ids, budget), register completed prompt prefixes. A request that
+        ended meanwhile (finished by the step before, or aborted) drops its token."""
+        toks, lps, top = self.runner.fetch(inflight.launched)
+        c0, now = time.perf_counter(), self.clock()
+        finished = []
+        toks, lps = toks.tolist(), lps.tolist()
+        for seq, row, pos in inflight.pending:
+            if seq.status is RequestStatus.FINISHED:
+                continue
+            tok = toks[row]
+            seq.commit_token(pos, tok, inflight.step)
+            seq.logprobs.append(lps[row])
+            if seq.sampling.top_logprobs:
+                k = seq.sampling.top_logprobs
+                seq.tops.append(list(zip(top[0][row, :k].tolist(), top[1][row, :k].tolist(),
+                                         strict=True)))
+            if seq.metrics.first_token_time is None:
+                seq.metrics.first_token_time = now
+            reason = self._finish_reason(seq, tok)
+            if reason is not None:
+                finished.append(self._finish(seq, reason))
+        stats, rt = inflight.stats, self.runner.timings
+        stats.device_s, stats.d2h_s, stats.wait_s = rt.device_s, rt.d2h_s, rt.wait_s
+        stats.commit_s = time.perf_counter() - c0
+        stats.duration_s = self.clock() - inflight.t0
+        return finished
+
+    def _register_prefixes(self, prefill: list[tuple[Request, int]]) -> None:
+        """Offer the prompts whose prefill completed in this step to later requests."""
+        if not self.config.prefix_sharing:
+            return
+        for seq, n in prefill:
+            if seq.status is RequestStatus.RUNNING and not seq.base_len \
+                    and seq.num_computed >= len(seq.prompt) > seq.num_computed - n:
+                self.kv.register_prefix(seq)
+
+    def _finish_reason(self, seq: Request, tok: int) -> str | None:
+        if tok in self.eos_ids:
+            return "eos"
+        if tok in seq.sampling.stop_token_ids:
+            return "stop"
+        if seq.num_committed_new >= seq.max_tokens:
+            return "length"
+        return None
+
+    def _plan(self, idle_ok: bool = False) -> StepPlan | None:
+        """The next step, or None when nothing can run now (an error when nothing ever could,
+        unless `idle_ok`: a step in flight will change that)."""
         decode, prefill = self.scheduler.schedule(self.step_count)
         if not decode and not prefill:
-            if self.seqs and not self.scheduler.num_running:
+            if self.seqs and not self.scheduler.num_running and not idle_ok:
                 raise SeerError("no request can be scheduled: the KV pool is too small for the "
                                 "smallest waiting request")
             return None
@@ -348,12 +478,7 @@ class Engine:
                 if tops_e:
                     seq.tops.append(tops_e[j])
                 n_out += 1
-                if tok in self.eos_ids:
-                    reason = "eos"
-                elif tok in seq.sampling.stop_token_ids:
-                    reason = "stop"
-                elif seq.num_new >= seq.max_tokens:
-                    reason = "length"
+                reason = self._finish_reason(seq, tok)
                 if reason is not None:
                     break
             if self.spec is not None:
@@ -364,12 +489,7 @@ class Engine:
                 finished.append(self._finish(seq, reason))
             elif drafts is not None:  # roll back pages the rejected draft nodes used
                 self.kv.trim(seq, seq.num_tokens)
-        # register prompt prefixes whose prefill completed this step
-        if self.config.prefix_sharing:
-            for seq, n in prefill:
-                if seq.request_id in self.seqs and not seq.base_len and seq.num_computed >= len(seq.prompt) \
-                        and seq.num_computed - n < len(seq.prompt):
-                    self.kv.register_prefix(seq)
+        self._register_prefixes(prefill)
         n_dec = sum(1 + (len(d) if drafts else 0) for d in (drafts or decode))
         n_pre = sum(n for _, n in prefill)
         self.step_stats.append(StepStats(self.step_count, len(decode) + len(prefill), n_dec + n_pre,
@@ -425,6 +545,7 @@ class Engine:
     def update_params(self, params: Params) -> None:
         """New weights (e.g. after a trainer step). Cached prompt KV was computed with the old
         weights, so the prefix cache is dropped; refused while requests are in flight."""
+        self.drain()
         if self.seqs:
             raise SeerError(f"update_params with {len(self.seqs)} requests in flight; finish or abort them first")
         self.blocks.clear_prefix_cache()

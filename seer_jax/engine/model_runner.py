@@ -26,6 +26,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import functools
+import math
 import time
 
 import jax
@@ -63,11 +64,27 @@ MAX_EXECUTABLES = 512
 class StepTimings:
     """Host-clock seconds of the runner's last step, by phase: inputs to the device (h2d), the
     compiled step until its outputs are ready (device, dispatch included), outputs back to the
-    host (d2h). Compiling a new shape is not in them (`ModelRunner.compile_s`)."""
+    host (d2h). Compiling a new shape is not in them (`ModelRunner.compile_s`). wait: the part
+    of device the host spent blocked on the outputs (with overlap, zero when the step was done
+    before the host came for it)."""
 
     h2d_s: float = 0.0
     device_s: float = 0.0
     d2h_s: float = 0.0
+    wait_s: float = 0.0
+
+
+@dataclasses.dataclass
+class Launched:
+    """A step dispatched to the device (`ModelRunner.launch`): its packed outputs, still on the
+    device, and what is needed to read them (`ModelRunner.fetch`)."""
+
+    kind: str  # "sample" | "verify"
+    layout: Layout
+    num_top: int
+    packed: jax.Array
+    h2d_s: float = 0.0
+    dispatch_s: float = 0.0
 
 
 def spans_processes(mesh: Mesh | None) -> bool:
@@ -103,8 +120,14 @@ def _paged_attention(cache, meta, layer, q, k, v, *, layout: Layout, plan: Atten
     outs = []
     split = layout.n_dec * layout.q_dec
 
+    def region_table(prefix):
+        """The region's page tables: rows of the persistent device table, or its own."""
+        if f"{prefix}_rows" in meta:
+            return meta["page_table"][meta[f"{prefix}_rows"], :layout.pps]
+        return meta[f"{prefix}_pages"]
+
     def attend(q_region, prefix, max_q_len, parents=None):
-        kv_lens, table = meta[f"{prefix}_kv_lens"], meta[f"{prefix}_pages"]
+        kv_lens, table = meta[f"{prefix}_kv_lens"], region_table(prefix)
         cu, num = meta[f"{prefix}_cu"], meta[f"{prefix}_num"]
         if plan.wrapped:
             return kernel_attention(plan, q_region, kv_all, kv_lens, table, cu, num,
@@ -120,14 +143,15 @@ def _paged_attention(cache, meta, layer, q, k, v, *, layout: Layout, plan: Atten
             q_region, gather_pages(kv_all, flat, layer), kv_lens, local, cu, num,
             tree_parents=parents, max_q_len=max_q_len, impl="reference")
 
-    if layout.n_dec and "dec_rows" in meta:  # rows of the persistent table (CPU decode)
-        outs.append(paged_decode_attention(
-            q[:split], kv_all, meta["dec_kv_lens"], meta["page_table"], meta["dec_num"],
-            layer=layer, rows=meta["dec_rows"]))
-    elif layout.n_dec and uses_cpu_decode(plan.impl, layout) and meta.get("dec_parents") is None:
-        outs.append(paged_decode_attention(
-            q[:split], kv_all, meta["dec_kv_lens"], meta["dec_pages"], meta["dec_num"],
-            layer=layer))
+    if layout.n_dec and uses_cpu_decode(plan.impl, layout) and meta.get("dec_parents") is None:
+        if "dec_rows" in meta:  # rows of the persistent table, read in place
+            outs.append(paged_decode_attention(
+                q[:split], kv_all, meta["dec_kv_lens"], meta["page_table"], meta["dec_num"],
+                layer=layer, rows=meta["dec_rows"]))
+        else:
+            outs.append(paged_decode_attention(
+                q[:split], kv_all, meta["dec_kv_lens"], meta["dec_pages"], meta["dec_num"],
+                layer=layer))
     elif layout.n_dec:
         outs.append(attend(q[:split], "dec", layout.q_dec, meta.get("dec_parents")))
     if layout.n_pre:
@@ -143,10 +167,10 @@ def _sample_step(params, kv_all, batch, *, cfg, layout, plan, num_top, unroll=1)
                              attention, logits_index=batch["logits_index"], unroll=unroll)
     keys = request_keys(batch["seeds"], batch["gen_index"])
     toks, lps = sample_tokens(logits, keys, batch["temperature"], batch["top_p"], batch["top_k"])
-    top = None
+    out = [toks, lps]
     if num_top:
-        top = top_logprobs(logits, batch["temperature"], batch["top_p"], batch["top_k"], num_top)
-    return kv_all, toks, lps, top
+        out += top_logprobs(logits, batch["temperature"], batch["top_p"], batch["top_k"], num_top)
+    return kv_all, pack_outputs(*out)
 
 
 def _verify_step(params, kv_all, batch, *, cfg, layout, plan, unroll=1):
@@ -163,11 +187,70 @@ def _verify_step(params, kv_all, batch, *, cfg, layout, plan, unroll=1):
     res = accept_draft_tree(batch["draft_tokens"], batch["draft_parents"], batch["num_draft"],
                             logits[: nd * q].reshape(nd, q, -1), temp[: nd * q: q],
                             top_p[: nd * q: q], top_k[: nd * q: q], keys[: nd * q: q])
-    pre = None
+    out = [res.tokens, res.logprobs, res.num_accepted, res.accepted_nodes]
     if layout.n_pre:
-        pre = sample_tokens(logits[nd * q:], keys[nd * q:], temp[nd * q:], top_p[nd * q:],
-                            top_k[nd * q:])
-    return kv_all, res, pre
+        out += sample_tokens(logits[nd * q:], keys[nd * q:], temp[nd * q:], top_p[nd * q:],
+                             top_k[nd * q:])
+    return kv_all, pack_outputs(*out)
+
+
+def pack_outputs(*arrays: jax.Array) -> jax.Array:
+    """The step's results as one int32 vector (float32 bit-cast), so that they come back to the
+    host in a single transfer; `sample_outputs` / `verify_outputs` take it apart. Sampled tokens
+    come first: a later step reads its pending tokens from positions [0, rows) on the device."""
+    parts = [(a if a.dtype == jnp.int32 else
+              jax.lax.bitcast_convert_type(a, jnp.int32) if a.dtype == jnp.float32
+              else a.astype(jnp.int32)).reshape(-1) for a in arrays]
+    return jnp.concatenate(parts)
+
+
+def _unpack(packed: np.ndarray, shapes) -> list[np.ndarray]:
+    out, at = [], 0
+    for shape, dtype in shapes:
+        n = int(np.prod(shape))
+        part = packed[at:at + n].reshape(shape)
+        out.append(part.view(np.float32) if dtype == "f" else part)
+        at += n
+    if at != packed.size:
+        raise ValueError(f"packed step outputs hold {packed.size} values, expected {at}")
+    return out
+
+
+def sample_outputs(packed: np.ndarray, layout: Layout, num_top: int):
+    """(tokens [rows], logprobs [rows], (top ids, top logprobs) [rows, num_top] or None)."""
+    R = layout.num_rows
+    shapes = [((R,), "i"), ((R,), "f")] + ([((R, num_top), "i"), ((R, num_top), "f")] if num_top else [])
+    toks, lps, *top = _unpack(packed, shapes)
+    return toks, lps, (tuple(top) if top else None)
+
+
+def verify_outputs(packed: np.ndarray, layout: Layout):
+    """((tokens [n_dec, q], logprobs [n_dec, q], num_accepted [n_dec], accepted_nodes
+    [n_dec, q-1]), (prefill tokens, logprobs) [n_pre] or None)."""
+    nd, q, npre = layout.n_dec, layout.q_dec, layout.n_pre
+    shapes = [((nd, q), "i"), ((nd, q), "f"), ((nd,), "i"), ((nd, q - 1), "i")]
+    if npre:
+        shapes += [((npre,), "i"), ((npre,), "f")]
+    toks, lps, n_acc, nodes, *pre = _unpack(packed, shapes)
+    return (toks, lps, n_acc, nodes), (tuple(pre) if pre else None)
+
+
+def _unpack_inputs(flat, spec):
+    """The step's input arrays from one int32 vector: spec is ((name, shape, dtype str), ...)
+    in packing order; 32-bit floats and unsigned ints are bit-cast back."""
+    out, at = {}, 0
+    for name, shape, dtype in spec:
+        n = math.prod(shape)
+        part = flat[at:at + n].reshape(shape)
+        out[name] = part if dtype == "<i4" else jax.lax.bitcast_convert_type(part, jnp.dtype(dtype))
+        at += n
+    return out
+
+
+def _merge_tokens(tokens, src, prev):
+    """The step's input tokens with those still on the device filled in: token i is
+    prev[src[i]] (a sampled token of the previous step's packed outputs) where src[i] >= 0."""
+    return jnp.where(src >= 0, prev[jnp.clip(src, 0, prev.shape[0] - 1)], tokens)
 
 
 STEP_STATIC = {_sample_step: ("cfg", "layout", "plan", "num_top"),
@@ -185,14 +268,15 @@ def cache_format(sharding) -> Format:
 def step_jit(fn, kv_format: Format, params, replicated, **static):
     """`fn` (`_sample_step` / `_verify_step`) with its static arguments bound, jitted with the
     cache donated and its format pinned on the way in and out; params keep their shardings,
-    batch inputs and the other outputs are `replicated`. Call it as f(params, kv_all, batch)."""
+    batch inputs and the packed outputs are `replicated`. Call it as f(params, kv_all, batch);
+    it returns (kv_all, packed outputs)."""
     if not set(STEP_STATIC[fn]) <= set(static) <= set(STEP_STATIC[fn] + STEP_OPTIONAL):
         raise TypeError(f"{fn.__name__} takes static {STEP_STATIC[fn]} (optional "
                         f"{STEP_OPTIONAL}), got {tuple(static)}")
     param_sh = jax.tree.map(lambda x: x.sharding, params)
     return jax.jit(functools.partial(fn, **static), donate_argnums=(1,),
                    in_shardings=(param_sh, kv_format, replicated),
-                   out_shardings=(kv_format,) + (replicated,) * (3 if fn is _sample_step else 2))
+                   out_shardings=(kv_format, replicated))
 
 
 def _move_slots(kv_all, src, dst):
@@ -289,6 +373,9 @@ class ModelRunner:
         self.page_table: jax.Array | None = None
         self._set_entries = jax.jit(_set_entries, donate_argnums=0, in_shardings=(rep, rep, rep),
                                     out_shardings=rep)
+        self._merge_tokens = jax.jit(_merge_tokens, in_shardings=(rep, rep, rep), out_shardings=rep)
+        self._unpack_inputs = jax.jit(_unpack_inputs, static_argnums=1, in_shardings=(rep,),
+                                      out_shardings=rep)
 
     def device_input(self, x, dtype=None) -> jax.Array:
         """A host array as a step input: on this process's default device, or replicated over a
@@ -348,48 +435,71 @@ class ModelRunner:
         self.page_table = table
         return table
 
-    def _device_batch(self, batch: StepBatch) -> dict:
-        """The step's inputs on the device (ready), with the persistent page table if the batch
-        indexes it."""
-        dev = {k: self.device_input(v) for k, v in batch.arrays().items()}
+    def _device_batch(self, batch: StepBatch, prev: Launched | None = None) -> dict:
+        """The step's inputs on the device (dispatched, not waited for), with the persistent
+        page table if the batch indexes it, and the pending tokens read from `prev`'s outputs
+        on the device where `batch.token_src` says so."""
+        arrays = batch.arrays()
+        # one transfer for the whole batch (every input is 32-bit): packed on the host, taken
+        # apart on the device
+        spec = tuple((k, np.shape(v), np.asarray(v).dtype.str) for k, v in arrays.items())
+        flat = np.concatenate([np.asarray(v).reshape(-1).view(np.int32) for v in arrays.values()])
+        dev = dict(self._unpack_inputs(self.device_input(flat), spec))
         if batch.page_table is not None:
             dev["page_table"] = self.sync_page_table(batch.page_table)
-        return jax.block_until_ready(dev)
+        if batch.token_src is not None:
+            if prev is None:
+                raise ValueError("the batch reads pending tokens of a previous step; none was given")
+            dev["tokens"] = self._merge_tokens(dev["tokens"], self.device_input(batch.token_src),
+                                               prev.packed)
+        return dev
+
+    def launch(self, batch: StepBatch, num_top: int = 0, prev: Launched | None = None, *,
+               wait_inputs: bool = False) -> Launched:
+        """Dispatch a step (sample, or verify when the batch carries draft trees) without
+        waiting for it: its outputs stay on the device (`fetch` brings them back). The cache is
+        updated in order, so a later launch, or any cache operation, sees this step's writes.
+        `prev`: the launched step whose sampled tokens this batch reads (`batch.token_src`).
+        wait_inputs: wait for the inputs' transfer (so that `timings.h2d_s` measures it)."""
+        t0 = time.perf_counter()
+        dev = self._device_batch(batch, prev)
+        if wait_inputs:
+            jax.block_until_ready(dev)
+        t1 = time.perf_counter()
+        kind = "verify" if batch.draft is not None and batch.draft.tokens is not None else "sample"
+        if kind == "verify":
+            exe = self._executable(_verify_step, dev, cfg=self.cfg, layout=batch.layout, plan=self.plan)
+        else:
+            exe = self._executable(_sample_step, dev, cfg=self.cfg, layout=batch.layout,
+                                   plan=self.plan, num_top=num_top)
+        t2 = time.perf_counter()
+        self.kv_all, packed = exe(self.params, self.kv_all, dev)
+        return Launched(kind, batch.layout, num_top, packed, h2d_s=t1 - t0,
+                        dispatch_s=time.perf_counter() - t2)
+
+    def fetch(self, launched: Launched):
+        """A launched step's outputs on the host, in one transfer: `sample_outputs` or
+        `verify_outputs` of it. Sets `timings`: device = dispatch plus waiting for the step,
+        d2h = the transfer."""
+        t0 = time.perf_counter()
+        launched.packed.block_until_ready()
+        t1 = time.perf_counter()
+        packed = to_host(launched.packed)
+        t2 = time.perf_counter()
+        self.timings = StepTimings(launched.h2d_s, launched.dispatch_s + t1 - t0, t2 - t1, t1 - t0)
+        if launched.kind == "verify":
+            return verify_outputs(packed, launched.layout)
+        return sample_outputs(packed, launched.layout, launched.num_top)
 
     def sample(self, batch: StepBatch, num_top: int = 0):
         """Run a step and sample one token per row; host arrays (tokens [rows], logprobs
         [rows], top-logprobs or None)."""
-        layout = batch.layout
-        t0 = time.perf_counter()
-        dev = self._device_batch(batch)
-        t1 = time.perf_counter()
-        exe = self._executable(_sample_step, dev, cfg=self.cfg, layout=layout, plan=self.plan,
-                               num_top=num_top)
-        t2 = time.perf_counter()
-        self.kv_all, toks, lps, top = jax.block_until_ready(exe(self.params, self.kv_all, dev))
-        t3 = time.perf_counter()
-        toks, lps = to_host(toks), to_host(lps)
-        if top is not None:
-            top = (to_host(top[0]), to_host(top[1]))
-        self.timings = StepTimings(t1 - t0, t3 - t2, time.perf_counter() - t3)
-        return toks, lps, top
+        return self.fetch(self.launch(batch, num_top, wait_inputs=True))
 
     def verify(self, batch: StepBatch):
         """Run a speculative step; returns host arrays (tokens [n_dec, q], logprobs [n_dec, q],
         num_accepted [n_dec], accepted_nodes [n_dec, q-1]) and the prefill (tokens, logprobs)."""
-        layout = batch.layout
-        t0 = time.perf_counter()
-        dev = self._device_batch(batch)
-        t1 = time.perf_counter()
-        exe = self._executable(_verify_step, dev, cfg=self.cfg, layout=layout, plan=self.plan)
-        t2 = time.perf_counter()
-        self.kv_all, res, pre = jax.block_until_ready(exe(self.params, self.kv_all, dev))
-        t3 = time.perf_counter()
-        out = (to_host(res.tokens), to_host(res.logprobs), to_host(res.num_accepted),
-               to_host(res.accepted_nodes))
-        pre = None if pre is None else (to_host(pre[0]), to_host(pre[1]))
-        self.timings = StepTimings(t1 - t0, t3 - t2, time.perf_counter() - t3)
-        return out, pre
+        return self.fetch(self.launch(batch, wait_inputs=True))
 
     def move_slots(self, src: list[int], dst: list[int]) -> None:
         """Copy the K/V at cache slots src to slots dst (all layers): compacts an accepted tree

@@ -64,6 +64,11 @@ class Request:
     priority: int = 0
     status: RequestStatus = RequestStatus.WAITING
     row: int = -1
+    # with overlap: the last token (at num_tokens - 1) was sampled by a step still in flight,
+    # at row `pending_row` of its outputs (-1: every token is on the host); `pending_step` is
+    # that step's number
+    pending_row: int = -1
+    pending_step: int = -1
 
     def __post_init__(self) -> None:
         n_prompt, n = len(self.prompt), len(self.prompt) + len(self.output)
@@ -97,4 +102,31 @@ class Request:
 
     @property
     def num_new(self) -> int:
+        """New tokens of this submission, the one still on the device included."""
+        return self.num_tokens - len(self.prompt) - self.base_len
+
+    @property
+    def num_committed_new(self) -> int:
+        """New tokens of this submission that are on the host (in `output`)."""
         return len(self.output) - self.base_len
+
+    @property
+    def done(self) -> bool:
+        """Its last token is sampled (maybe still on the device): nothing more to schedule."""
+        return self.num_new >= self.max_tokens
+
+    def reserve_token(self, row: int, step: int) -> int:
+        """A token sampled on the device, not yet on the host: it takes the next position
+        (returned) and is read on the device by the next step (`pending_row`)."""
+        pos = self.num_tokens
+        self.token_ids[pos] = 0
+        self.num_tokens += 1
+        self.pending_row, self.pending_step = row, step
+        return pos
+
+    def commit_token(self, pos: int, token: int, step: int) -> None:
+        """The reserved token at `pos` arrived from the device (in order)."""
+        self.token_ids[pos] = token
+        self.output.append(token)
+        if self.pending_step == step:
+            self.pending_row = self.pending_step = -1

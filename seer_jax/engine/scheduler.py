@@ -65,10 +65,15 @@ class Scheduler:
         decode: list[Request] = []
         prefill: list[tuple[Request, int]] = []
         scheduled: set[str] = set()
-        # 1. running requests: decodes (one pending token) first, then prefill chunks.
-        for seq in sorted(self._running.values(),
-                          key=lambda s: (s.num_tokens - s.num_computed > 1, s.admitted_at)):
+        # 1. running requests: decodes (one pending token) first, then prefill chunks, each in
+        #    admission order (the order of `_running`)
+        running = list(self._running.values())
+        S = self.kv.page_size
+        for seq in ([s for s in running if s.num_tokens - s.num_computed == 1]
+                    + [s for s in running if s.num_tokens - s.num_computed != 1]):
             if seq.status is not RequestStatus.RUNNING:  # preempted making room for an earlier one
+                continue
+            if seq.num_new >= seq.max_tokens:  # last token still on the device (overlap)
                 continue
             pending = seq.num_tokens - seq.num_computed
             if pending == 1:
@@ -79,7 +84,8 @@ class Scheduler:
                 if len(prefill) >= c.max_prefill_seqs or budget < 1:
                     continue
                 n = min(pending, budget)
-            if not self._ensure_pages(seq, seq.num_computed + n, scheduled):
+            if len(seq.pages) * S < seq.num_computed + n \
+                    and not self._ensure_pages(seq, seq.num_computed + n, scheduled):
                 continue
             scheduled.add(seq.request_id)
             budget -= n
@@ -92,6 +98,8 @@ class Scheduler:
         deferred = []
         while self.waiting and budget > 0 and len(self._running) < c.max_num_seqs:
             seq = self.waiting[0]
+            if seq.pending_row >= 0:  # preempted with a token still on the device: next step
+                break
             key = seq.prompt_key
             if (c.prefix_sharing and not seq.output and seq.swapped is None
                     and key in prefilling):
@@ -136,8 +144,10 @@ class Scheduler:
                 self.kv.grow(seq, num_tokens)
                 return True
             except OutOfPages:
+                # a request whose last token is still on the device keeps its pages until
+                # that token is committed (its KV may be returned with it)
                 victims = [s for s in self._running.values()
-                           if s.request_id not in protected and s is not seq]
+                           if s.request_id not in protected and s is not seq and not s.done]
                 if not victims:
                     return False
                 self.preempt(max(victims, key=lambda s: s.admitted_at))

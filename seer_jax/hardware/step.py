@@ -62,14 +62,20 @@ def step_layout(kind: str, lim: StepLimits) -> Layout:
                   if pre else 0, pps=pps)
 
 
+def table_rows(lim: StepLimits) -> int:
+    """Rows of the engine's persistent page table (`batch.RequestRows`) at these limits."""
+    return max(lim.max_num_seqs, lim.max_prefill_seqs) + 2
+
+
 def example_batch(layout: Layout, verify: bool) -> StepBatch:
     """A StepBatch of zeros with the layout's shapes (only its arrays' shapes and dtypes
-    matter)."""
+    matter). As in the engine, the regions' page tables are rows of the persistent page table
+    (`table_rows` below), which the step reads on the device."""
     n, r = layout.num_tokens, layout.num_rows
     i32 = lambda *s: np.zeros(s, np.int32)
 
     def region(slots):
-        return Region(i32(slots + 1), i32(slots), i32(slots, layout.pps), 0)
+        return Region(i32(slots + 1), i32(slots), None, 0, i32(slots))
 
     q = layout.q_dec
     draft = None
@@ -138,6 +144,8 @@ def lower_step(cfg: ModelConfig, target: str, tp: int, lim: StepLimits, kind: st
     replicated = NamedSharding(mesh, PartitionSpec())
     batch = {k: jax.ShapeDtypeStruct(np.shape(v), np.asarray(v).dtype, sharding=replicated)
              for k, v in example_batch(layout, kind == "verify").arrays().items()}
+    batch["page_table"] = jax.ShapeDtypeStruct((table_rows(lim), layout.pps), np.int32,
+                                               sharding=replicated)
     params = abstract_params(cfg, mesh, rules)
     static = dict(cfg=cfg, layout=layout, plan=plan, unroll=unroll)
     if kind != "verify":

@@ -99,7 +99,8 @@ def default_config() -> ml_collections.ConfigDict:
     c.engine = ml_collections.ConfigDict(dict(
         page_size=16, num_pages=0, kv_memory_gib=1.0, max_num_seqs=32,
         max_num_batched_tokens=256, max_prefill_seqs=4,
-        impl="auto"))  # attention: auto | reference | cpu | tpu | gpu
+        impl="auto",  # attention: auto | reference | cpu | tpu | gpu
+        overlap=True))  # plan step N+1 while step N runs (EngineConfig.overlap)
     c.speculation = False  # grouped speculative decoding (one shared group draft service)
     # the draft service of backend "ray" (its shards are Ray actors; every engine actor drafts
     # from a local replica): groups hashed over `shards` actors; a replica pushes its tokens and

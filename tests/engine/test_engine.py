@@ -147,6 +147,7 @@ def test_export_import_continues_identically(with_kv):
         a.add_request(str(i), PROMPTS[i], 20, GREEDY)
     for _ in range(8):
         a.step()
+    a.drain()  # the step in flight (overlap) commits: every token is on the host
     b = Engine(CFG, PARAMS, SMALL)
     for i in range(3):
         partial = list(a.seqs[str(i)].output)

@@ -122,7 +122,8 @@ class EngineInstance:
         # being emulated: it is left out of the step's duration
         wall = time.perf_counter() - t0 - (self.engine.runner.compile_s - compile_before)
         if self.engine.step_count == steps_before:
-            return StepReport(0.0, 0, 0, [])
+            # no new step; with overlap, the last one in flight may have been committed
+            return StepReport(0.0, 0, 0, [self._result(o, start) for o in outs])
         stats = self.engine.step_stats[-1]
         if self.step_time is None:
             duration = wall

@@ -1,0 +1,146 @@
+"""Overlapped steps (plan and dispatch step N+1 while step N runs, then commit N) give exactly
+what one step at a time gives: tokens, logprobs, finish reasons, returned KV."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from seer_jax.engine import model_runner
+from seer_jax.engine.engine import Engine, EngineConfig
+from seer_jax.model.config import tiny_config
+from seer_jax.model.generate import generate
+from seer_jax.model.llama import init_params
+from seer_jax.rollout.core.types import SamplingParams
+
+CFG = tiny_config(num_heads=4, num_kv_heads=2, eos_token_ids=())
+PARAMS = init_params(CFG, seed=11)
+RNG = np.random.RandomState(1)
+PROMPTS = [RNG.randint(3, 256, n).tolist() for n in (3, 17, 40, 9, 33, 1, 26, 12)]
+GREEDY = SamplingParams(temperature=0.0)
+BASE = EngineConfig(num_pages=96, page_size=4, max_num_batched_tokens=32, max_num_seqs=8,
+                    max_prefill_seqs=2, max_top_logprobs=2)
+
+
+def run(config: EngineConfig, requests, eos_ids=(), arrive_every=1):
+    """Add requests (id, prompt, max_tokens, sampling, keep_kv) one per `arrive_every` steps;
+    every output by id."""
+    eng = Engine(CFG, PARAMS, config, eos_ids=eos_ids)
+    pending, out, step = list(requests), {}, 0
+    while pending or eng.has_unfinished():
+        if pending and step % arrive_every == 0:
+            rid, prompt, n, sp, keep = pending.pop(0)
+            eng.add_request(rid, prompt, n, sp, keep_kv=keep)
+        for r in eng.step():
+            assert r.request_id not in out  # nothing returned twice
+            out[r.request_id] = r
+        step += 1
+    eng.blocks.check()
+    assert eng.blocks.num_free + eng.blocks.num_evictable() == eng.blocks.num_pages
+    assert not eng.kv.rows.pages.any()
+    return eng, out
+
+
+def assert_same(a: dict, b: dict):
+    assert sorted(a) == sorted(b)
+    for rid in a:
+        x, y = a[rid], b[rid]
+        assert x.token_ids == y.token_ids, rid
+        assert x.finish_reason == y.finish_reason, rid
+        np.testing.assert_allclose(x.logprobs, y.logprobs, atol=1e-5)
+        assert (x.top_logprobs is None) == (y.top_logprobs is None)
+        if x.top_logprobs is not None:
+            assert [[t for t, _ in row] for row in x.top_logprobs] == \
+                   [[t for t, _ in row] for row in y.top_logprobs]
+        assert (x.kv is None) == (y.kv is None), rid
+        if x.kv is not None:
+            assert x.kv.output_ids == y.kv.output_ids
+            np.testing.assert_allclose(x.kv.k, y.kv.k, atol=1e-5)
+            np.testing.assert_allclose(x.kv.v, y.kv.v, atol=1e-5)
+
+
+def scenario(name: str):
+    ref = generate(PARAMS, CFG, PROMPTS[:1], 12)[0].token_ids
+    if name == "greedy_chunked":
+        return BASE, [(str(i), p, 20, GREEDY, False) for i, p in enumerate(PROMPTS)], ()
+    if name == "seeded_top_logprobs":
+        sp = [SamplingParams(temperature=1.0, top_p=0.9, seed=7 + i, top_logprobs=2)
+              for i in range(len(PROMPTS))]
+        return BASE, [(str(i), p, 16, sp[i], False) for i, p in enumerate(PROMPTS)], ()
+    if name == "eos_stop_keep_kv":
+        # request 0 ends on EOS (token 6 of its greedy output), 1 on a stop id, the rest on
+        # length with their KV returned; short budgets free slots for the waiting ones
+        reqs = [("0", PROMPTS[0], 12, GREEDY, False),
+                ("1", PROMPTS[0], 12, SamplingParams(temperature=0.0, stop_token_ids=(ref[3],)), False)]
+        reqs += [(str(i), p, 3 + i, GREEDY, True) for i, p in enumerate(PROMPTS[1:], start=2)]
+        return dataclasses.replace(BASE, max_num_seqs=4), reqs, (ref[6],)
+    if name in ("preempt_recompute", "preempt_swap"):
+        cfg = dataclasses.replace(BASE, num_pages=24, preemption=name.split("_")[1])
+        return cfg, [(str(i), p, 24, GREEDY, False) for i, p in enumerate(PROMPTS)], ()
+    raise ValueError(name)
+
+
+@pytest.mark.parametrize("name", ["greedy_chunked", "seeded_top_logprobs", "eos_stop_keep_kv",
+                                  "preempt_recompute", "preempt_swap"])
+def test_overlap_gives_what_one_step_at_a_time_gives(name):
+    cfg, reqs, eos = scenario(name)
+    sync_eng, sync = run(dataclasses.replace(cfg, overlap=False), reqs, eos)
+    over_eng, over = run(dataclasses.replace(cfg, overlap=True), reqs, eos)
+    assert_same(over, sync)
+    if name.startswith("preempt"):
+        assert over_eng.num_preemptions > 0 and sync_eng.num_preemptions > 0
+    if name == "eos_stop_keep_kv":
+        assert {over[k].finish_reason for k in over} == {"eos", "stop", "length"}
+        kept = [k for k in over if over[k].finish_reason == "length"]
+        assert len(kept) >= 3 and all(over[k].kv is not None for k in kept)
+
+
+def test_one_transfer_per_step_and_pending_tokens_stay_on_the_device(monkeypatch):
+    eng = Engine(CFG, PARAMS, BASE)
+    for i, p in enumerate(PROMPTS[:4]):
+        eng.add_request(str(i), p, 10, GREEDY)
+    eng.step()
+    eng.step()  # every prefill done: decode steps from here
+    transfers, batches = [], []
+    to_host, launch = model_runner.to_host, eng.runner.launch
+
+    def counting_to_host(x):
+        transfers.append(x.shape)
+        return to_host(x)
+
+    def recording_launch(batch, *a, **k):
+        batches.append(batch)
+        return launch(batch, *a, **k)
+
+    monkeypatch.setattr(model_runner, "to_host", counting_to_host)
+    monkeypatch.setattr(eng.runner, "launch", recording_launch)
+    for _ in range(5):
+        eng.step()
+    assert len(transfers) == 5  # each step's commit brings the previous step's results back once
+    for b in batches:  # every decode token is read on the device from the step before
+        assert b.token_src is not None and (b.token_src[:b.dec.num] >= 0).all()
+    out = eng.run_until_done()
+    ref = generate(PARAMS, CFG, PROMPTS[:4], 10)
+    assert [out[str(i)].token_ids for i in range(4)] == [r.token_ids for r in ref]
+
+
+def test_output_lags_one_step_until_drained_and_abort_keeps_committed_tokens():
+    ref = generate(PARAMS, CFG, PROMPTS[:2], 12)
+    eng = Engine(CFG, PARAMS, BASE)
+    eng.add_request("a", PROMPTS[0], 12, GREEDY)
+    eng.add_request("b", PROMPTS[1], 12, GREEDY)
+    for _ in range(5):
+        eng.step()
+    a = eng.seqs["a"]
+    assert a.pending_row >= 0 and a.num_committed_new == a.num_new - 1  # one token in flight
+    eng.drain()
+    assert a.pending_row == -1 and a.num_committed_new == a.num_new
+    assert a.output == ref[0].token_ids[:len(a.output)]
+    eng.step()
+    out = eng.abort("b")  # commits the step in flight first
+    assert out.finish_reason == "abort" and len(out.token_ids) >= 5
+    assert out.token_ids == ref[1].token_ids[:len(out.token_ids)]
+    rest = eng.run_until_done()
+    assert list(rest) == ["a"] and rest["a"].token_ids == ref[0].token_ids
