@@ -112,8 +112,8 @@ class CompiledStep:
     code_bytes: int
     kv_bytes: int  # the KV cache on one device
     compiled: object = dataclasses.field(repr=False, compare=False)
-    # the `pl.CostEstimate`s of the Pallas calls traced into the step (one per call site: a
-    # layer loop's body once, unrolled layers each)
+    # the estimates of the Pallas calls traced into the step (`cost_estimates.KernelEstimate`,
+    # one per call site: a layer loop's body once, unrolled layers each)
     kernel_estimates: tuple = dataclasses.field(default=(), repr=False, compare=False)
 
     @property
