@@ -7,6 +7,8 @@ from the timed run and reported separately):
 
   engine       seer_jax.engine.engine.Engine: continuous batching, chunked prefill, paged KV,
                group prefix sharing; every request stops at its own max_tokens / EOS.
+  engine_sync  (only when named in --systems) the same engine one step at a time
+               (EngineConfig.overlap off)
   reference    seer_jax.model.generate.generate: one padded batch, prefill + lax.scan decode for
                max(max_tokens) steps; useful tokens = each row's tokens up to its own max / EOS.
   transformers HF `generate` (torch CPU, same GGUF weights dequantized to f32, left-padded batch,
@@ -70,7 +72,7 @@ def useful_len(row: list[int], max_tokens: int, eos_ids: tuple[int, ...]) -> int
 # ---------------------------------------------------------------------------- systems
 
 
-def run_engine(cfg, params, wl: Workload, args, seed_offset: int = 0) -> dict:
+def run_engine(cfg, params, wl: Workload, args, seed_offset: int = 0, overlap: bool = True) -> dict:
     from seer_jax.engine import model_runner
     from seer_jax.engine.engine import Engine, EngineConfig
     from seer_jax.rollout.core.types import SamplingParams
@@ -78,7 +80,7 @@ def run_engine(cfg, params, wl: Workload, args, seed_offset: int = 0) -> dict:
     ecfg = EngineConfig(page_size=args.page_size, max_num_seqs=args.max_num_seqs,
                         max_num_batched_tokens=args.max_num_batched_tokens,
                         max_prefill_seqs=args.max_prefill_seqs,
-                        kv_memory_gib=args.kv_memory_gib)
+                        kv_memory_gib=args.kv_memory_gib, overlap=overlap)
     eng = Engine(cfg, params, ecfg, eos_ids=wl.eos_ids)
     traces0 = model_runner.TRACE_COUNTS["step"]
     t0 = time.perf_counter()
@@ -176,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("need 1 <= --min-tokens <= --max-tokens")
     systems = [s.strip() for s in args.systems.split(",") if s.strip()]
     for s in systems:
-        if s not in ("engine", "reference", "transformers"):
+        if s not in ("engine", "engine_sync", "reference", "transformers"):
             ap.error(f"unknown system {s!r}")
 
     from rich.console import Console
@@ -205,6 +207,13 @@ def main(argv: list[str] | None = None) -> int:
         r["warmup_compiles"] = w["compiles"]
         results["engine"] = r
         console.print(f"engine: {r}")
+    if "engine_sync" in systems:  # the engine one step at a time (EngineConfig.overlap off)
+        w = run_engine(cfg, params, wl, args, overlap=False)
+        r = run_engine(cfg, params, wl, args, overlap=False)
+        r["warmup_s"] = w["wall_s"]
+        r["compile_s_est"] = max(0.0, w["wall_s"] - r["wall_s"])
+        results["engine_sync"] = r
+        console.print(f"engine_sync: {r}")
     if "reference" in systems:
         w = run_reference(cfg, params, wl, args)  # compiles _generate for these shapes
         r = run_reference(cfg, params, wl, args)
@@ -231,6 +240,8 @@ def main(argv: list[str] | None = None) -> int:
             summary["tokens_per_s_ratio_vs_transformers"] = tps["engine"] / tps["transformers"]
         if "reference" in tps:
             summary["tokens_per_s_ratio_vs_reference"] = tps["engine"] / tps["reference"]
+        if "engine_sync" in tps:
+            summary["tokens_per_s_ratio_vs_engine_sync"] = tps["engine"] / tps["engine_sync"]
         summary["engine_compile_s"] = results["engine"]["compile_s_est"]
         summary["engine_timed_run_compiles"] = results["engine"]["compiles"]
 
