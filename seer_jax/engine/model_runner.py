@@ -58,6 +58,10 @@ TRACE_COUNTS: dict[str, int] = {"step": 0}
 # so that engines kept alive for days (a trainer's) do not accumulate executables without end
 _EXECUTABLES: collections.OrderedDict[tuple, object] = collections.OrderedDict()
 MAX_EXECUTABLES = 512
+# outputs of steps dispatched and maybe still running (any runner of this process): compiling
+# a new step waits for them first, so that XLA never compiles while a step executes in the
+# background (overlap leaves one step in flight per engine; compiles are rare)
+_IN_FLIGHT: collections.deque = collections.deque(maxlen=1024)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -404,6 +408,8 @@ class ModelRunner:
         if exe is not None:
             _EXECUTABLES.move_to_end(key)
         else:
+            jax.block_until_ready(list(_IN_FLIGHT))
+            _IN_FLIGHT.clear()
             t0 = time.perf_counter()
             exe = self.lower_step(fn, dev, **static).compile()
             self.compile_s += time.perf_counter() - t0
@@ -474,6 +480,7 @@ class ModelRunner:
                                    plan=self.plan, num_top=num_top)
         t2 = time.perf_counter()
         self.kv_all, packed = exe(self.params, self.kv_all, dev)
+        _IN_FLIGHT.append(packed)
         return Launched(kind, batch.layout, num_top, packed, h2d_s=t1 - t0,
                         dispatch_s=time.perf_counter() - t2)
 
