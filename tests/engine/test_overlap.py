@@ -82,8 +82,10 @@ def scenario(name: str):
     raise ValueError(name)
 
 
-@pytest.mark.parametrize("name", ["greedy_chunked", "seeded_top_logprobs", "eos_stop_keep_kv",
-                                  "preempt_recompute", "preempt_swap"])
+@pytest.mark.parametrize("name", [
+    "greedy_chunked", pytest.param("seeded_top_logprobs", marks=pytest.mark.exhaustive),
+    "eos_stop_keep_kv", pytest.param("preempt_recompute", marks=pytest.mark.exhaustive),
+    "preempt_swap"])
 def test_overlap_gives_what_one_step_at_a_time_gives(name):
     cfg, reqs, eos = scenario(name)
     sync_eng, sync = run(dataclasses.replace(cfg, overlap=False), reqs, eos)
