@@ -28,7 +28,7 @@ from seer_jax.engine.request import Request, RequestStatus
 from seer_jax.engine.scheduler import Scheduler
 from seer_jax.errors import ConfigError, InputError, SeerError
 from seer_jax.model.config import ModelConfig
-from seer_jax.model.llama import Params
+from seer_jax.model.llama import LAYER_WEIGHTS, Params
 from seer_jax.model.sampling_params import SamplingParams
 
 
@@ -42,6 +42,9 @@ class EngineConfig:
     max_prefill_seqs: int = 4
     max_model_len: int = 0  # 0: the model's max_position_embeddings
     impl: str = "auto"  # attention: auto | reference | cpu | tpu | gpu (see attention_backend)
+    # layer weights: stacked (one scanned layer loop) | per_layer (unrolled, no weight slicing)
+    # | auto (per_layer on GPUs, whose GEMMs would read a copy of each sliced layer)
+    layer_weights: str = "auto"
     prefix_sharing: bool = True
     preemption: str = "recompute"  # or "swap"
     max_top_logprobs: int = 0
@@ -76,6 +79,9 @@ class EngineConfig:
         if self.impl not in ENGINE_IMPLS:
             raise ConfigError(f"engine config impl={self.impl!r}: allowed "
                               f"{', '.join(map(repr, ENGINE_IMPLS))}")
+        if self.layer_weights not in LAYER_WEIGHTS:
+            raise ConfigError(f"engine config layer_weights={self.layer_weights!r}: allowed "
+                              f"{', '.join(map(repr, LAYER_WEIGHTS))}")
 
 
 @dataclasses.dataclass
@@ -171,6 +177,7 @@ class Engine:
         self.blocks = BlockManager(num_pages, config.page_size)
         self.runner = ModelRunner(
             cfg, params, num_pages, config.page_size, mesh, config.impl,
+            layer_weights=config.layer_weights,
             max_seqs=max(config.max_num_seqs, config.max_prefill_seqs),
             pages_per_seq=self.blocks.pages_for(self.max_model_len),
             max_tokens=max(config.max_num_batched_tokens, config.max_num_seqs * 8))

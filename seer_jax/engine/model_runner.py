@@ -42,11 +42,19 @@ from seer_jax.engine.attention_backend import (
     kernel_attention,
     kernel_write,
     make_plan,
+    mesh_platform,
 )
 from seer_jax.engine.batch import Layout, StepBatch, bucket, uses_cpu_decode
 from seer_jax.engine.cpu_attention import gather_pages, paged_decode_attention
 from seer_jax.model.config import ModelConfig
-from seer_jax.model.llama import Params, forward, jnp_dtype
+from seer_jax.model.llama import (
+    Params,
+    forward,
+    jnp_dtype,
+    resolve_layer_weights,
+    split_layers,
+    stack_layers,
+)
 from seer_jax.model.sampling import request_keys, sample_tokens, top_logprobs
 from seer_jax.model.sampling_acceptance import accept_draft_tree
 from seer_jax.model.sharding import ShardingRules, shard_params
@@ -333,9 +341,10 @@ class ModelRunner:
     def __init__(self, cfg: ModelConfig, params: Params, num_pages: int, page_size: int,
                  mesh: Mesh | None = None, attention_impl: str = "auto",
                  rules: ShardingRules = ShardingRules(), *, max_seqs: int = 0,
-                 pages_per_seq: int = 0, max_tokens: int = 0):
+                 pages_per_seq: int = 0, max_tokens: int = 0, layer_weights: str = "auto"):
         """max_seqs, pages_per_seq, max_tokens: the largest batch the engine will build; with
-        them a kernel impl that cannot lower for these shapes is refused here (ConfigError)."""
+        them a kernel impl that cannot lower for these shapes is refused here (ConfigError).
+        layer_weights: how the layer weights are held (`llama.LAYER_WEIGHTS`)."""
         self.cfg = cfg
         self.page_size = page_size
         self.num_pages = num_pages
@@ -352,6 +361,7 @@ class ModelRunner:
         self.compile_s = 0.0  # time spent compiling new step shapes
         self.timings = StepTimings()  # phases of the last sample/verify step
         self.rules = rules
+        self.layer_weights = resolve_layer_weights(layer_weights, mesh_platform(mesh))
         self.set_params(params)
         self.kv_repeat = self.plan.kv_repeat
         shape = cache_shape(cfg, self.plan, num_pages, page_size)
@@ -389,6 +399,9 @@ class ModelRunner:
         return jax.device_put(np.asarray(x, dtype), self._replicated)
 
     def set_params(self, params: Params) -> None:
+        """New weights (stacked or per layer), held as `layer_weights` says."""
+        params = (split_layers(params) if self.layer_weights == "per_layer"
+                  else stack_layers(params))
         if self._replicated is not None:
             # this process's arrays go to the mesh through the host: each process places its
             # own shards of the same values
@@ -397,13 +410,18 @@ class ModelRunner:
                 else x, params)
         self.params = shard_params(params, self.mesh, self.rules) if self.mesh is not None else params
 
+    def stacked_params(self) -> Params:
+        """The weights with the layers stacked (how the model and trainers hold them)."""
+        return stack_layers(self.params)
+
     def _executable(self, fn, dev: dict, **static):
         """The compiled step for these shapes: compiled ahead of time on first use (its time
         goes to `compile_s`, not to the step), shared by every runner with the same shapes and
-        shardings."""
+        shardings and the same params structure (stacked or per-layer weights)."""
         key = (fn.__name__, tuple(sorted(static.items())), tuple(sorted((k, v.shape) for k, v in dev.items())),
                self.kv_all.shape, str(self.kv_all.dtype), str(self.kv_all.sharding),
-               tuple(sorted(d.id for d in self.kv_all.sharding.device_set)))
+               tuple(sorted(d.id for d in self.kv_all.sharding.device_set)),
+               jax.tree.structure(self.params))
         exe = _EXECUTABLES.get(key)
         if exe is not None:
             _EXECUTABLES.move_to_end(key)

@@ -112,7 +112,8 @@ def compile_config(c: ml_collections.ConfigDict, impl: str = "auto",
 def _compile(c, cfg, target: Target, tp: int, lim: StepLimits, kind: str, impl: str,
              budget: int) -> CompiledStep:
     try:
-        return compile_step(cfg, target.name, tp, lim, kind, impl=impl)
+        return compile_step(cfg, target.name, tp, lim, kind, impl=impl,
+                            layer_weights=c.engine.get("layer_weights", "auto"))
     except Exception as e:  # the compiler's own refusal, e.g. out of HBM on TPU
         msg = str(e)
         if "RESOURCE_EXHAUSTED" not in msg and "exceeds" not in msg:

@@ -19,7 +19,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from seer_jax.engine.attention_backend import make_plan
+from seer_jax.engine.attention_backend import make_plan, mesh_platform
 from seer_jax.engine.batch import DraftTree, Layout, Region, StepBatch, bucket
 from seer_jax.engine.model_runner import (
     cache_format,
@@ -31,7 +31,13 @@ from seer_jax.engine.model_runner import (
 from seer_jax.errors import ConfigError
 from seer_jax.hardware.targets import devices, get_target
 from seer_jax.model.config import ModelConfig
-from seer_jax.model.llama import LOGICAL_AXES, jnp_dtype, nest_params, param_shapes
+from seer_jax.model.llama import (
+    LOGICAL_AXES,
+    jnp_dtype,
+    nest_params,
+    param_shapes,
+    resolve_layer_weights,
+)
 from seer_jax.model.sharding import ShardingRules, partition_spec
 
 STEP_KINDS = ("decode", "mixed", "verify")
@@ -88,12 +94,28 @@ def example_batch(layout: Layout, verify: bool) -> StepBatch:
                      region(layout.n_pre) if layout.n_pre else None, draft)
 
 
-def abstract_params(cfg: ModelConfig, mesh: Mesh, rules: ShardingRules) -> dict:
+def abstract_params(cfg: ModelConfig, mesh: Mesh, rules: ShardingRules,
+                    layer_weights: str = "stacked") -> dict:
+    """The params as ShapeDtypeStructs with their shardings: layers stacked, or per layer
+    (`layer_weights="per_layer"`, as the engine holds them on GPUs)."""
     dtype = jnp_dtype(cfg)
-    return nest_params({
-        name: jax.ShapeDtypeStruct(shape, dtype, sharding=NamedSharding(
-            mesh, partition_spec(shape, LOGICAL_AXES[name], mesh, rules)))
-        for name, shape in param_shapes(cfg).items()})
+
+    def struct(shape, logical):
+        return jax.ShapeDtypeStruct(shape, dtype, sharding=NamedSharding(
+            mesh, partition_spec(shape, logical, mesh, rules)))
+
+    shapes = param_shapes(cfg)
+    params = nest_params({name: struct(shape, LOGICAL_AXES[name])
+                          for name, shape in shapes.items() if not name.startswith("layers/")})
+    layer = {name.split("/", 1)[1]: (shape, LOGICAL_AXES[name])
+             for name, shape in shapes.items() if name.startswith("layers/")}
+    if layer_weights == "per_layer":
+        params["layers"] = tuple({k: struct(shape[1:], logical[1:])
+                                  for k, (shape, logical) in layer.items()}
+                                 for _ in range(cfg.num_layers))
+    else:
+        params["layers"] = {k: struct(shape, logical) for k, (shape, logical) in layer.items()}
+    return params
 
 
 @dataclasses.dataclass(frozen=True)
@@ -130,12 +152,14 @@ def slice_mesh(target: str, tp: int) -> Mesh:
 
 def lower_step(cfg: ModelConfig, target: str, tp: int, lim: StepLimits, kind: str, *,
                impl: str = "auto", rules: ShardingRules = ShardingRules(),
-               unroll: int | bool = 1):
+               unroll: int | bool = 1, layer_weights: str = "auto"):
     """The engine step of `kind` on a tp-device slice of `target`, lowered (not compiled) as the
-    engine jits it (`step_jit`: the cache donated, its device layout pinned row-major); with the
-    attention plan, layout and the abstract cache."""
+    engine jits it (`step_jit`: the cache donated, its device layout pinned row-major; the layer
+    weights held as `layer_weights` resolves on the target's platform); with the attention plan,
+    layout and the abstract cache."""
     get_target(target)
     mesh = slice_mesh(target, tp)
+    layer_weights = resolve_layer_weights(layer_weights, mesh_platform(mesh))
     plan = make_plan(cfg, impl, mesh)
     layout = step_layout(kind, lim)
     shape = cache_shape(cfg, plan, lim.num_pages, lim.page_size)
@@ -146,7 +170,7 @@ def lower_step(cfg: ModelConfig, target: str, tp: int, lim: StepLimits, kind: st
              for k, v in example_batch(layout, kind == "verify").arrays().items()}
     batch["page_table"] = jax.ShapeDtypeStruct((table_rows(lim), layout.pps), np.int32,
                                                sharding=replicated)
-    params = abstract_params(cfg, mesh, rules)
+    params = abstract_params(cfg, mesh, rules, layer_weights)
     static = dict(cfg=cfg, layout=layout, plan=plan, unroll=unroll)
     if kind != "verify":
         static["num_top"] = 0
@@ -157,7 +181,7 @@ def lower_step(cfg: ModelConfig, target: str, tp: int, lim: StepLimits, kind: st
 
 def compile_step(cfg: ModelConfig, target: str, tp: int, lim: StepLimits, kind: str, *,
                  impl: str = "auto", rules: ShardingRules = ShardingRules(),
-                 unroll: int | bool = 1) -> CompiledStep:
+                 unroll: int | bool = 1, layer_weights: str = "auto") -> CompiledStep:
     """Compile the step with the target's compiler; its memory_analysis() per device.
     `unroll=True` unrolls the layer scan (for cost analyses, which count a loop body once)."""
     from seer_jax.pallas import cost_estimates
@@ -166,7 +190,8 @@ def compile_step(cfg: ModelConfig, target: str, tp: int, lim: StepLimits, kind: 
     jax.clear_caches()
     with jax.default_matmul_precision("default"), cost_estimates.collect() as estimates:
         lowered, plan, layout, cache = lower_step(cfg, target, tp, lim, kind, impl=impl,
-                                                  rules=rules, unroll=unroll)
+                                                  rules=rules, unroll=unroll,
+                                                  layer_weights=layer_weights)
         compiled = lowered.compile()
     m = compiled.memory_analysis()
     kv = math.prod(cache.sharding.shard_shape(cache.shape)) * cache.dtype.itemsize

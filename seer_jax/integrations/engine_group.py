@@ -129,7 +129,7 @@ class EngineGroup:
 
     def params(self, instance: int = 0) -> Params:
         """The parameters slice `instance` currently serves."""
-        return self.engines[instance].runner.params
+        return self.engines[instance].runner.stacked_params()
 
     # ------------------------------------------------------------------ rollout
     def generate_groups(self, prompts: Sequence[Sequence[int]], group_sizes: Sequence[int],

@@ -1,7 +1,12 @@
 """Llama-family decoder (Llama 2/3, Qwen2, Qwen3, SmolLM2) in Flax NNX.
 
 The NNX module `Llama` owns the parameters (layer weights stacked on a leading `layers` axis so
-the forward pass is one `lax.scan`, which keeps compile time flat in depth). The math lives in the
+the forward pass is one `lax.scan`, which keeps compile time flat in depth). A params dict may
+instead hold its layers as a tuple of per-layer dicts (`split_layers`); `forward` then runs the
+layers as an unrolled Python loop, each reading its own arrays. XLA:GPU copies each layer's
+weights out of a stacked array before its GEMMs (a dynamic or static slice is a new buffer
+there, read again by the GEMM), which adds up to three weight reads per layer to a decode step;
+TPU fuses the slice into its matmuls. `resolve_layer_weights` picks per platform. The math lives in the
 pure function `forward(params, cfg, tokens, positions, cache, attn_meta, attention)`, which takes
 the parameters as a plain nested dict and a pluggable attention backend, so the same decoder runs
 the dense reference generator (`seer_jax.model.dense_cache`) and the paged engine.
@@ -19,8 +24,10 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
+from seer_jax.errors import ConfigError
 from seer_jax.model.config import ModelConfig
 
 Params = dict[str, Any]
@@ -117,8 +124,52 @@ def init_params(cfg: ModelConfig, seed: int = 0) -> Params:
     return Llama(cfg, rngs=nnx.Rngs(params=seed)).params()
 
 
+# How an engine holds the layer weights: "stacked" ([layers, ...] arrays, the layer loop a
+# `lax.scan`), "per_layer" (a tuple of per-layer dicts, the loop unrolled; no array is sliced per
+# layer), or "auto" (per_layer on GPUs, stacked elsewhere).
+LAYER_WEIGHTS = ("auto", "stacked", "per_layer")
+
+
+def resolve_layer_weights(choice: str, platform: str) -> str:
+    """`choice` (one of LAYER_WEIGHTS) for a mesh of `platform` ("cpu", "tpu", "gpu", ...)."""
+    if choice not in LAYER_WEIGHTS:
+        raise ConfigError(f"layer_weights={choice!r}; allowed: {', '.join(LAYER_WEIGHTS)}")
+    if choice != "auto":
+        return choice
+    return "per_layer" if platform in ("gpu", "cuda", "rocm") else "stacked"
+
+
+def layers_split(params: Params) -> bool:
+    """Whether params hold their layers per layer (a tuple of dicts) rather than stacked."""
+    return isinstance(params.get("layers"), tuple | list)
+
+
+def split_layers(params: Params) -> Params:
+    """The same params with the layers as a tuple of per-layer dicts (arrays without the
+    leading layers axis)."""
+    if layers_split(params):
+        return params
+    stacked = params["layers"]
+    n = next(iter(stacked.values())).shape[0]
+    layers = tuple({k: v[i] for k, v in stacked.items()} for i in range(n))
+    return {**params, "layers": layers}
+
+
+def stack_layers(params: Params) -> Params:
+    """The same params with the layers stacked on a leading axis (the inverse of split)."""
+    if not layers_split(params):
+        return params
+    layers = params["layers"]
+    host = all(isinstance(v, np.ndarray) for lp in layers for v in lp.values())
+    stack = np.stack if host else jnp.stack
+    return {**params, "layers": {k: stack([lp[k] for lp in layers]) for k in layers[0]}}
+
+
 def flat_params(params: Params) -> dict[str, jax.Array]:
-    """{"layers/wq": ..., "embed": ...} view of a params dict."""
+    """{"layers/wq": ..., "embed": ...} view of a params dict with stacked layers."""
+    if layers_split(params):
+        raise ValueError("flat_params takes stacked layers; these are per layer "
+                         "(stack_layers gives the stacked form)")
     out = {}
     for k, v in params.items():
         if isinstance(v, dict):
@@ -196,7 +247,7 @@ def forward(
     """One forward pass over N flat tokens.
 
     `unroll`: the layer scan's unroll (True: no loop; compiled cost analyses count a loop body
-    once, an unrolled stack per layer).
+    once, an unrolled stack per layer). Per-layer params always run unrolled.
     Returns (logits [N or len(logits_index), vocab] float32, updated cache).
     """
     dtype = jnp_dtype(cfg)
@@ -225,8 +276,15 @@ def forward(
         x = x + (jax.nn.silu(h @ lp["w_gate"]) * (h @ lp["w_up"])) @ lp["w_down"]
         return (x, cache), None
 
-    (x, cache), _ = jax.lax.scan(layer, (x, cache), (params["layers"], jnp.arange(cfg.num_layers)),
-                                 unroll=unroll)
+    if layers_split(params):
+        if len(params["layers"]) != cfg.num_layers:
+            raise ValueError(f"{len(params['layers'])} per-layer weight dicts for a model of "
+                             f"{cfg.num_layers} layers")
+        for i, lp in enumerate(params["layers"]):
+            (x, cache), _ = layer((x, cache), (lp, jnp.int32(i)))
+    else:
+        (x, cache), _ = jax.lax.scan(layer, (x, cache),
+                                     (params["layers"], jnp.arange(cfg.num_layers)), unroll=unroll)
     if logits_index is not None:
         x = x[logits_index]
     x = rms_norm(x, params["final_norm"], cfg.rms_norm_eps)

@@ -14,7 +14,7 @@ import jax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from seer_jax.errors import ConfigError
-from seer_jax.model.llama import LOGICAL_AXES, Params, flat_params, nest_params
+from seer_jax.model.llama import LOGICAL_AXES, Params, flat_params, layers_split, nest_params
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,6 +57,15 @@ def partition_spec(shape: tuple[int, ...], logical: tuple[str | None, ...], mesh
 
 
 def param_shardings(params: Params, mesh: Mesh, rules: ShardingRules = ShardingRules()) -> Params:
+    """Shardings with the params' structure (stacked or per-layer weights)."""
+    if layers_split(params):
+        layers = tuple(
+            {k: NamedSharding(mesh, partition_spec(tuple(v.shape), LOGICAL_AXES[f"layers/{k}"][1:],
+                                                   mesh, rules))
+             for k, v in lp.items()}
+            for lp in params["layers"])
+        rest = param_shardings({k: v for k, v in params.items() if k != "layers"}, mesh, rules)
+        return {**rest, "layers": layers}
     flat = flat_params(params)
     return nest_params({
         k: NamedSharding(mesh, partition_spec(tuple(v.shape), LOGICAL_AXES[k], mesh, rules))

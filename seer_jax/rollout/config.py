@@ -100,6 +100,7 @@ def default_config() -> ml_collections.ConfigDict:
         page_size=16, num_pages=0, kv_memory_gib=1.0, max_num_seqs=32,
         max_num_batched_tokens=256, max_prefill_seqs=4,
         impl="auto",  # attention: auto | reference | cpu | tpu | gpu
+        layer_weights="auto",  # stacked | per_layer | auto (per_layer on GPUs)
         overlap=True))  # plan step N+1 while step N runs (EngineConfig.overlap)
     c.speculation = False  # grouped speculative decoding (one shared group draft service)
     # the draft service of backend "ray" (its shards are Ray actors; every engine actor drafts

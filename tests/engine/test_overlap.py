@@ -99,6 +99,26 @@ def test_overlap_gives_what_one_step_at_a_time_gives(name):
         assert len(kept) >= 3 and all(over[k].kv is not None for k in kept)
 
 
+def test_weights_held_per_layer_give_what_stacked_weights_give():
+    """The engine with per-layer weights (GPUs' default) gives the tokens, logprobs and KV of
+    the stacked weights' engine (CPU's default), and trainers still get stacked weights back."""
+    from seer_jax.errors import ConfigError
+    from seer_jax.model.llama import flat_params
+
+    cfg, reqs, eos = scenario("eos_stop_keep_kv")
+    stacked_eng, stacked = run(dataclasses.replace(cfg, layer_weights="stacked"), reqs, eos)
+    split_eng, split = run(dataclasses.replace(cfg, layer_weights="per_layer"), reqs, eos)
+    assert isinstance(split_eng.runner.params["layers"], tuple)
+    assert isinstance(stacked_eng.runner.params["layers"], dict)
+    assert_same(split, stacked)
+    back, want = flat_params(split_eng.runner.stacked_params()), flat_params(PARAMS)
+    assert back.keys() == want.keys()
+    for k in want:
+        assert np.array_equal(np.asarray(back[k]), np.asarray(want[k])), k
+    with pytest.raises(ConfigError, match="layer_weights='unrolled'"):
+        Engine(CFG, PARAMS, dataclasses.replace(cfg, layer_weights="unrolled"))
+
+
 def test_one_transfer_per_step_and_pending_tokens_stay_on_the_device(monkeypatch):
     eng = Engine(CFG, PARAMS, BASE)
     for i, p in enumerate(PROMPTS[:4]):

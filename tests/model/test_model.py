@@ -8,10 +8,16 @@ import jax
 import numpy as np
 import pytest
 
-from seer_jax.errors import SeerError
+from seer_jax.errors import ConfigError, SeerError
 from seer_jax.model.config import ModelConfig, tiny_config
 from seer_jax.model.generate import full_forward
-from seer_jax.model.llama import flat_params, init_params
+from seer_jax.model.llama import (
+    flat_params,
+    init_params,
+    resolve_layer_weights,
+    split_layers,
+    stack_layers,
+)
 from seer_jax.model.loading import load_model, load_orbax, load_safetensors_dir, save_orbax
 from seer_jax.model.sharding import make_mesh, shard_params
 
@@ -64,6 +70,41 @@ def test_tp_sharded_logits_equal_unsharded(tp):
     assert sharded["lm_head"].addressable_shards[0].data.shape == (cfg.hidden_size, cfg.vocab_size // tp)
     out = np.asarray(full_forward(sharded, cfg, toks))
     np.testing.assert_allclose(out, ref, atol=1e-5, rtol=0)
+
+
+def test_per_layer_weights_give_the_stacked_logits_and_shard_like_one_layer():
+    """Layers held as a tuple of per-layer dicts (as engines hold them on GPUs): the same
+    logits as the stacked weights' scan, sharded over tp like one layer of the stack."""
+    cfg = tiny_config(num_heads=8, num_kv_heads=4, qkv_bias=True)
+    params = init_params(cfg, seed=3)
+    toks = np.random.RandomState(0).randint(0, cfg.vocab_size, (2, 17))
+    ref = np.asarray(full_forward(params, cfg, toks))
+    split = split_layers(params)
+    assert len(split["layers"]) == cfg.num_layers
+    for i, lp in enumerate(split["layers"]):
+        for k, v in lp.items():
+            assert np.array_equal(np.asarray(v), np.asarray(params["layers"][k][i])), (i, k)
+    mesh = make_mesh(jax.devices()[:2])
+    sharded = shard_params(split, mesh)
+    wq, w_down = sharded["layers"][1]["wq"], sharded["layers"][1]["w_down"]
+    assert wq.sharding.spec == jax.sharding.PartitionSpec(None, "tp")
+    assert w_down.addressable_shards[0].data.shape == (cfg.intermediate_size // 2, cfg.hidden_size)
+    assert sharded["layers"][0]["bk"].sharding.spec == jax.sharding.PartitionSpec("tp")
+    np.testing.assert_allclose(np.asarray(full_forward(sharded, cfg, toks)), ref, atol=1e-5, rtol=0)
+    np.testing.assert_allclose(np.asarray(full_forward(split, cfg, toks)), ref, atol=1e-5, rtol=0)
+    back = flat_params(stack_layers(split))
+    assert back.keys() == flat_params(params).keys()
+    for k, v in flat_params(params).items():
+        assert np.array_equal(np.asarray(back[k]), np.asarray(v)), k
+    with pytest.raises(ValueError, match="per-layer weight dicts"):
+        full_forward({**split, "layers": split["layers"][:-1]}, cfg, toks)
+    with pytest.raises(ValueError, match="stacked layers"):
+        flat_params(split)
+    assert resolve_layer_weights("auto", "gpu") == "per_layer"
+    assert resolve_layer_weights("auto", "tpu") == resolve_layer_weights("auto", "cpu") == "stacked"
+    assert resolve_layer_weights("per_layer", "cpu") == "per_layer"
+    with pytest.raises(ConfigError, match="layer_weights='scanned'"):
+        resolve_layer_weights("scanned", "gpu")
 
 
 def test_orbax_round_trip_bit_identical(tmp_path):
