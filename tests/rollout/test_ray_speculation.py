@@ -94,7 +94,11 @@ def _assert_complete_and_greedy(out, reference):
         assert r.token_ids == reference[r.group_index].token_ids, r.request_id
 
 
-@pytest.mark.parametrize("policy", ["seer", "request_fcfs", "group_round_robin"])
+# seer's placement moves a group's requests between the actors (migrations, remote draft
+# tokens); the other policies' runs, only through other placements, are in make test-all
+@pytest.mark.parametrize("policy", [
+    "seer", pytest.param("request_fcfs", marks=pytest.mark.exhaustive),
+    pytest.param("group_round_robin", marks=pytest.mark.exhaustive)])
 def test_greedy_tokens_with_ray_speculation_equal_inprocess_and_plain(actors, reference, policy):
     out = _ray_rollout(actors, policy)
     _assert_complete_and_greedy(out, reference)  # == no speculation (the model's greedy tokens)
@@ -147,6 +151,9 @@ def test_killed_draft_shard_is_rebuilt_and_no_token_changes(actors, reference):
     assert out.report.draft_service["replicas"]["shard_failures"] == 0
 
 
+# losslessness is the engine's (tests/engine/test_speculative_engine.py checks it in process);
+# this checks it again through Ray's draft service (make test-all)
+@pytest.mark.exhaustive
 def test_sampled_distribution_unchanged_by_ray_speculation(ray_cluster, backend):
     """T=1 on a 12-token model: the 2nd and 3rd tokens of many sampled responses, drafted from
     their siblings on two Ray actors (drafts both accepted and rejected), follow the same
