@@ -93,15 +93,16 @@ def test_threshold_search_is_exact_at_every_radix(bits):
         k = rng.randint(1, v // 2 + 2, (4, 1)).astype(np.int32)
         key = np.asarray(_order_key(jnp.asarray(x)))  # the float order (-0.0 below +0.0)
         tk = _radix_threshold(jnp.asarray(key),
-                              lambda m: jnp.sum(m, -1, keepdims=True) >= k[..., None, :], bits)
+                              lambda m, k=k: jnp.sum(m, -1, keepdims=True) >= k[..., None, :],
+                              bits)
         want = np.sort(key, axis=-1)[:, ::-1][np.arange(4), k[:, 0] - 1]
         np.testing.assert_array_equal(want[:, None], tk)
         p = np.asarray(jax.nn.softmax(jnp.asarray(x), -1))
         top_p = rng.uniform(0.05, 0.99, (4, 1)).astype(np.float32)
         tp = _radix_threshold(
             _order_key(jnp.asarray(p)),
-            lambda m: jnp.sum(jnp.where(m, p[..., None, :], 0.0), -1, keepdims=True)
-            >= top_p[..., None, :], bits)
+            lambda m, p=p, top_p=top_p: jnp.sum(jnp.where(m, p[..., None, :], 0.0), -1,
+                                                keepdims=True) >= top_p[..., None, :], bits)
         for r in range(4):  # the largest t whose tokens >= t hold top_p of the mass
             ps = np.sort(p[r])[::-1]
             mass = np.array([p[r][p[r] >= t].sum(dtype=np.float32) for t in ps])

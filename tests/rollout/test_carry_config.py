@@ -100,6 +100,8 @@ print(json.dumps({"whole": rows(whole), "first": rows(first), "second": rows(sec
 
 
 @pytest.mark.slow
+@pytest.mark.exhaustive  # two SmolLM2 rollouts in a subprocess; carrying on engines and on Ray:
+# tests/integrations/test_carry_engines.py, tests/rollout/test_ray_carry.py (make test)
 def test_run_rollout_carries_unfinished_groups_into_the_next_run():
     """From a config: the first run returns the complete groups and carries the rest; the next
     run (given that carry, target 0) returns the carried groups with its own, each request

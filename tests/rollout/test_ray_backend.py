@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import sys
 import time
 
@@ -35,12 +36,14 @@ GREEDY = SamplingParams(temperature=0.0)
 
 
 @pytest.fixture(scope="module")
-def backend(tmp_path_factory):
-    # actors started later in the module load the executables the first ones compiled
-    cache = str(tmp_path_factory.mktemp("jax_cache"))
+def backend():
+    # the actors load the executables that this run's other processes compiled (the test
+    # session's persistent compilation cache, tests/conftest.py), and later actors those of
+    # the first ones
     return RayBackendConfig(step_timeout_s=120.0, env={
-        "JAX_COMPILATION_CACHE_DIR": cache, "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
-        "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0"})
+        k: os.environ[k] for k in ("JAX_COMPILATION_CACHE_DIR",
+                                   "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS",
+                                   "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES")})
 
 
 @pytest.fixture(scope="module")

@@ -7,6 +7,7 @@ nothing."""
 from __future__ import annotations
 
 import dataclasses
+import os
 
 import jax
 import numpy as np
@@ -43,11 +44,14 @@ def always_on():
 
 
 @pytest.fixture(scope="module")
-def backend(tmp_path_factory):
-    cache = str(tmp_path_factory.mktemp("jax_cache"))
+def backend():
+    # the actors load the executables that this run's other processes compiled (the test
+    # session's persistent compilation cache, tests/conftest.py), and later actors those of
+    # the first ones
     return RayBackendConfig(step_timeout_s=120.0, env={
-        "JAX_COMPILATION_CACHE_DIR": cache, "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
-        "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0"})
+        k: os.environ[k] for k in ("JAX_COMPILATION_CACHE_DIR",
+                                   "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS",
+                                   "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES")})
 
 
 @pytest.fixture(scope="module")
@@ -99,11 +103,12 @@ def _assert_complete_and_greedy(out, reference):
 @pytest.mark.parametrize("policy", [
     "seer", pytest.param("request_fcfs", marks=pytest.mark.exhaustive),
     pytest.param("group_round_robin", marks=pytest.mark.exhaustive)])
-def test_greedy_tokens_with_ray_speculation_equal_inprocess_and_plain(actors, reference, policy):
+def test_greedy_tokens_with_ray_speculation_equal_plain(actors, reference, policy):
     out = _ray_rollout(actors, policy)
     _assert_complete_and_greedy(out, reference)  # == no speculation (the model's greedy tokens)
-    spec = _inprocess_rollout(policy, speculation=True)
-    assert [r.token_ids for r in out.results] == [r.token_ids for r in spec.results]
+    if policy != "seer":  # and == in-process speculation's, request by request
+        spec = _inprocess_rollout(policy, speculation=True)
+        assert [r.token_ids for r in out.results] == [r.token_ids for r in spec.results]
     assert out.report.spec_accepted > 0 and out.report.spec_proposed >= out.report.spec_accepted
     ds = out.report.draft_service
     assert ds["lost_shards"] == 0 and ds["rebuilt_shards"] == 0
@@ -194,6 +199,7 @@ def test_sampled_distribution_unchanged_by_ray_speculation(ray_cluster, backend)
         assert p > 0.001, (pos, a, b)
 
 
+@pytest.mark.exhaustive  # the two-host slice itself: test_ray_backend.py (make test runs it)
 def test_two_host_slice_leader_drafts_and_tokens_match(ray_cluster, backend, reference):
     """One slice over two host actors: the leader drafts from its replica and the follower
     verifies the same drafts (they agree on every step's tokens, or the slice is lost)."""
