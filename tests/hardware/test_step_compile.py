@@ -35,7 +35,9 @@ def _cases():
                     # fit), and v5p's kernel verify step (v6e's runs)
                     impl == "reference" and name.startswith("tpu")
                     and (name, kind) != ("tpu_v6e32_llama3_8b", "mixed")) or (
-                    (name, impl, kind) == ("tpu_v5p64_qwen25_7b", "auto", "verify"))
+                    (name, impl, kind) in {("tpu_v5p64_qwen25_7b", "auto", "verify"),
+                                           ("tpu_v5p64_qwen25_7b", "auto", "mixed"),
+                                           ("gpu_8xh200", "auto", "verify")})
                 marks = [pytest.mark.exhaustive] if slow else []
                 out.append(pytest.param(name, impl, kind, id=f"{name}-{impl}-{kind}", marks=marks))
     return out
@@ -57,7 +59,7 @@ def test_deploy_step_compiles_and_fits(name, impl, kind):
     pytest.param("llama-3-8b", "h100", 2, "auto", marks=pytest.mark.exhaustive),
     pytest.param("qwen2.5-7b", "h100", 1, "auto", marks=pytest.mark.exhaustive),
     ("qwen2.5-7b", "h100", 2, "auto"),
-    ("llama-3-8b", "v5p", 4, "auto"),
+    pytest.param("llama-3-8b", "v5p", 4, "auto", marks=pytest.mark.exhaustive),
     pytest.param("qwen2.5-7b", "v5p", 4, "auto", marks=pytest.mark.exhaustive),
     ("llama-3-8b", "h100", 2, "stacked"),
 ])

@@ -91,6 +91,7 @@ def test_grpo_step_with_a_tunix_qwen2_actor(cluster):
     assert [t.tolist() for t in out2.tokens] == [e for e in expect for _ in range(G)]
 
 
+@pytest.mark.exhaustive
 def test_lora_actor_syncs_merged_weights():
     import qwix
     from flax import nnx

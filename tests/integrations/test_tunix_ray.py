@@ -98,6 +98,7 @@ def _at(tree, path):
     return tree
 
 
+@pytest.mark.exhaustive  # Tunix on Ray and speculation on Ray run in make test, apart
 def test_grpo_step_on_ray_with_grouped_speculation(ray_backend):
     """A GRPO step whose rollouts run on two Ray actors drafting from the distributed draft
     service; after the weight sync the greedy tokens follow the new weights exactly (drafts

@@ -102,7 +102,8 @@ def test_pinned_actors_run_on_their_own_core(actors):
     assert "SEER_JAX_ACTOR_CPU_CORE" not in RayBackendConfig().actor_env(1, bundle_index=1)
 
 
-@pytest.mark.parametrize("policy", ["seer", "request_fcfs", "group_round_robin"])
+@pytest.mark.parametrize("policy", ["seer", pytest.param("request_fcfs", marks=pytest.mark.exhaustive),
+                                    pytest.param("group_round_robin", marks=pytest.mark.exhaustive)])
 def test_greedy_tokens_identical_to_inprocess(actors, reference, policy):
     out = _ray_rollout(actors, policy)
     _assert_complete_and_greedy(out, reference)
@@ -403,7 +404,7 @@ def test_reader_killed_while_importing_kv_is_replaced_with_the_current_weights(r
         group.shutdown()
 
 
-@pytest.mark.parametrize("kill", [False, True])
+@pytest.mark.parametrize("kill", [pytest.param(False, marks=pytest.mark.exhaustive), True])
 def test_actors_share_a_mooncake_store_pool(ray_cluster, backend, reference, kill):
     """KV moves between the actors through the store; with `kill`, the reader of a blob dies in
     the middle of the transfer (after fetching it, before installing it) and its chunk runs on

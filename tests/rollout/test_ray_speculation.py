@@ -120,6 +120,7 @@ def test_greedy_tokens_with_ray_speculation_equal_plain(actors, reference, polic
         assert out.report.migrations > 0 and out.report.kv_bytes_imported > 0
 
 
+@pytest.mark.exhaustive  # drafts never change greedy tokens: the forced-draft engine tests
 def test_stale_replicas_verify_losslessly(actors, reference):
     """Replicas pull every 2nd step and wait only for pulls 3 steps old: drafts miss the other
     actor's recent tokens, never a token of the output."""

@@ -103,6 +103,7 @@ def test_sigkilled_rollout_resumes_to_the_uninterrupted_responses(uninterrupted,
     assert read_journal(jd).policy("seer").done
 
 
+@pytest.mark.exhaustive  # torn tails of every record: tests/rollout/test_journal.py
 def test_torn_last_record_resumes_from_the_last_whole_one(uninterrupted, tmp_path):
     want, ref_journal = uninterrupted
     data = (ref_journal / JOURNAL_FILE).read_bytes()

@@ -27,7 +27,9 @@ def reference():
     return generate(PARAMS, CFG, GROUPS, 30)
 
 
-@pytest.mark.parametrize("policy", ["seer", "group_round_robin", "request_fcfs", "oracle_lfs"])
+@pytest.mark.parametrize("policy", ["seer", pytest.param("group_round_robin", marks=pytest.mark.exhaustive),
+                                    pytest.param("request_fcfs", marks=pytest.mark.exhaustive),
+                                    pytest.param("oracle_lfs", marks=pytest.mark.exhaustive)])
 def test_greedy_policies_token_identical_on_4x_tp2(policy, reference):
     pool = HostKVPool()
     instances = make_engine_instances(CFG, PARAMS, num_instances=4, tp=2, engine_config=ENGINE, pool=pool,
@@ -89,6 +91,8 @@ def test_analysis_catalog_accepts_oracles():
     assert validate_config(c, CATALOG) == ["seer", "oracle_lfs"]
 
 
+@pytest.mark.exhaustive  # speculation in process: tests/engine/test_speculative_engine.py; in a
+# rollout on Ray actors: tests/rollout/test_ray_speculation.py (make test runs both)
 def test_seer_with_grouped_speculation_token_identical(reference):
     from seer_jax.drafting.budget import BudgetConfig, SpeculationBudget
     from seer_jax.drafting.service import InProcessDraftService
