@@ -28,16 +28,12 @@ def _cases():
             for kind in STEP_KINDS:
                 # CI time: these run with the exhaustive set: the GPU configs' reference
                 # steps, the kernel verify and mixed steps of the 405B config (126 unrolled
-                # layers of per-layer weights, minutes each), ...
+                # layers of per-layer weights, minutes each), and the TPU reference steps but
+                # v6e's mixed one (the one that once did not fit)
                 slow = impl == "reference" and name.startswith("gpu") or (
                     name == "gpu_4x8xh100_llama31_405b" and kind != "decode") or (
-                    # the TPU reference steps but v6e's mixed one (the one that once did not
-                    # fit), and v5p's kernel verify step (v6e's runs)
                     impl == "reference" and name.startswith("tpu")
-                    and (name, kind) != ("tpu_v6e32_llama3_8b", "mixed")) or (
-                    (name, impl, kind) in {("tpu_v5p64_qwen25_7b", "auto", "verify"),
-                                           ("tpu_v5p64_qwen25_7b", "auto", "mixed"),
-                                           ("gpu_8xh200", "auto", "verify")})
+                    and (name, kind) != ("tpu_v6e32_llama3_8b", "mixed"))
                 marks = [pytest.mark.exhaustive] if slow else []
                 out.append(pytest.param(name, impl, kind, id=f"{name}-{impl}-{kind}", marks=marks))
     return out

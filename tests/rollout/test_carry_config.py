@@ -17,7 +17,7 @@ from seer_jax.rollout.config import default_config, validate_config
 from seer_jax.rollout.core.carry import CarryOver
 from seer_jax.rollout.core.run import rollout
 from tests.rollout.carry_check import CONFIG, GREEDY, MAX, G, check_kv_reuse, reference, two_calls
-from tests.rollout.test_resume import OVERRIDES, ROOT
+from tests.rollout.test_resume import OVERRIDES, ROOT, xla_flags_without_device_count
 from tests.rollout.tiny_rollout import CFG, ENGINE, PARAMS
 
 
@@ -116,7 +116,7 @@ def test_run_rollout_carries_unfinished_groups_into_the_next_run():
         [sys.executable, "-c", RUN_TWICE, os.path.join(ROOT, "configs/rollout/demo.py"),
          *OVERRIDES, "--config.controller.max_in_flight_per_instance=1"],
         cwd=ROOT, capture_output=True, text=True, timeout=900,
-        env={**{k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}, "PYTHONPATH": ROOT})
+        env={**os.environ, "XLA_FLAGS": xla_flags_without_device_count(), "PYTHONPATH": ROOT})
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     want = {tuple(p): t for _, p, t in out["whole"]}

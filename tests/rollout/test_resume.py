@@ -23,6 +23,13 @@ from seer_jax.rollout.core.journal import (
 pytestmark = pytest.mark.slow  # real engines in subprocesses
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def xla_flags_without_device_count() -> str:
+    """The test run's XLA flags less the fake-device count: the CLI asks for the devices it
+    needs."""
+    return " ".join(f for f in os.environ.get("XLA_FLAGS", "").split()
+                    if "xla_force_host_platform_device_count" not in f)
 # greedy, small: 3 prompts x 2 samples x 24 tokens in chunks of 8 (so requests end chunks
 # unfinished and the journal holds prefixes), one policy
 OVERRIDES = ["--config.num_prompts=3", "--config.group_size=2", "--config.max_tokens=24",
@@ -41,7 +48,7 @@ def cli(tmp_path, name, *args, env=None):
          os.path.join(ROOT, "configs/rollout/demo.py"), "--no-progress", "--json", str(out),
          *OVERRIDES, *args],
         cwd=ROOT, capture_output=True, text=True, timeout=600,
-        env={**{k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}, "PYTHONPATH": ROOT,
+        env={**os.environ, "XLA_FLAGS": xla_flags_without_device_count(), "PYTHONPATH": ROOT,
              **(env or {})})  # the CLI asks for the CPU devices it needs
     return proc, (json.loads(out.read_text()) if out.exists() else None)
 
