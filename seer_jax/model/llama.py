@@ -233,6 +233,13 @@ def apply_rope(x_nhd: jax.Array, cos_nd: jax.Array, sin_nd: jax.Array) -> jax.Ar
     return y.astype(x_nhd.dtype)
 
 
+def _per_layer_step(layer: Callable) -> Callable:
+    def step(x, cache, lp, i, cos, sin, attn_meta):
+        (x, cache), _ = layer((x, cache), (lp, i), cos=cos, sin=sin, attn_meta=attn_meta)
+        return x, cache
+    return step
+
+
 def forward(
     params: Params,
     cfg: ModelConfig,
@@ -256,7 +263,7 @@ def forward(
     x = params["embed"][tokens_n].astype(dtype)
     cos, sin = rope_cos_sin(positions_n, cfg)
 
-    def layer(carry, inputs):
+    def layer(carry, inputs, cos=cos, sin=sin, attn_meta=attn_meta):
         x, cache = carry
         lp, i = inputs
         h = rms_norm(x, lp["attn_norm"], cfg.rms_norm_eps)
@@ -280,8 +287,12 @@ def forward(
         if len(params["layers"]) != cfg.num_layers:
             raise ValueError(f"{len(params['layers'])} per-layer weight dicts for a model of "
                              f"{cfg.num_layers} layers")
+        # Every layer's step is one jitted function of (x, cache, weights, index, ...): it is
+        # traced and lowered once (its kernels included) and called per layer, so compile
+        # time grows with depth only in the compiler, not in tracing and lowering.
+        step = jax.jit(_per_layer_step(layer))
         for i, lp in enumerate(params["layers"]):
-            (x, cache), _ = layer((x, cache), (lp, jnp.int32(i)))
+            x, cache = step(x, cache, lp, jnp.int32(i), cos, sin, attn_meta)
     else:
         (x, cache), _ = jax.lax.scan(layer, (x, cache),
                                      (params["layers"], jnp.arange(cfg.num_layers)), unroll=unroll)
