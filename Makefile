@@ -35,12 +35,16 @@ $(VENV)/.installed-test: $(VENV)/.installed-fast
 	$(PIP) install -q --no-deps google-tunix==0.1.7
 	touch $@
 
+# The project's own dependencies and this checkout on the path (a .pth file, no build, so this
+# installs alongside the main environment's editable installs; `make test` runs both at once).
 $(HWVENV)/.installed: pyproject.toml $(VENV)/.installed-base
 	$(PYTHON) -m venv $(HWVENV)
 	$(HWVENV)/bin/pip install -q --upgrade pip
+	$(PY) -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']))" > $(HWVENV)/requirements.txt
 	jax=$$($(PY) -c "import jax; print(jax.__version__)") && \
-	  $(HWVENV)/bin/pip install -q "jax[tpu]==$$jax" "jax[cuda12]==$$jax" absl-py
-	$(HWVENV)/bin/pip install -q -e . pytest pytest-xdist
+	  $(HWVENV)/bin/pip install -q "jax[tpu]==$$jax" "jax[cuda12]==$$jax" absl-py pytest pytest-xdist \
+	  -r $(HWVENV)/requirements.txt
+	echo "$(CURDIR)" > "$$($(HWVENV)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/seer_jax_checkout.pth"
 	touch $@
 
 venv: $(VENV)/.installed-base
@@ -57,13 +61,15 @@ test-fast: $(VENV)/.installed-fast
 	$(PYTEST) -m "not slow"
 
 # the CPU suite, then the hardware compile tests (default set) in their own environment
-test: $(VENV)/.installed-test
+test: $(VENV)/.installed-base
+	$(MAKE) -j2 $(VENV)/.installed-test $(HWVENV)/.installed
 	$(VENV)/bin/seer-jax fetch-model smollm2
 	$(PYTEST) --ignore=tests/hardware -m "not exhaustive"
 	$(MAKE) test-hardware
 
 # everything: the CPU suite with the exhaustive kernel lowering, then the whole compile product
-test-all: $(VENV)/.installed-test
+test-all: $(VENV)/.installed-base
+	$(MAKE) -j2 $(VENV)/.installed-test $(HWVENV)/.installed
 	$(VENV)/bin/seer-jax fetch-model smollm2
 	$(PYTEST) --ignore=tests/hardware
 	$(MAKE) test-hardware-all
