@@ -11,6 +11,8 @@ import sys
 
 import pytest
 
+from tests.xla_flags import xla_flags_without_device_count
+
 pytestmark = pytest.mark.slow  # engines or a cluster: make test runs these, test-fast does not
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -19,7 +21,8 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 def test_device_check_dry_run(tmp_path):
     out = tmp_path / "device_check.json"
     env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(ROOT),
-               XLA_FLAGS="--xla_force_host_platform_device_count=1")
+               XLA_FLAGS=f"{xla_flags_without_device_count()} "
+               "--xla_force_host_platform_device_count=1")
     r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "device_check.py"), "--dry-run",
                         "--out", str(out)], capture_output=True, text=True, env=env, timeout=240)
     assert r.returncode == 0, r.stderr[-3000:]

@@ -17,8 +17,9 @@ from seer_jax.rollout.config import default_config, validate_config
 from seer_jax.rollout.core.carry import CarryOver
 from seer_jax.rollout.core.run import rollout
 from tests.rollout.carry_check import CONFIG, GREEDY, MAX, G, check_kv_reuse, reference, two_calls
-from tests.rollout.test_resume import OVERRIDES, ROOT, xla_flags_without_device_count
+from tests.rollout.test_resume import OVERRIDES, ROOT
 from tests.rollout.tiny_rollout import CFG, ENGINE, PARAMS
+from tests.xla_flags import xla_flags_without_device_count
 
 
 @pytest.mark.parametrize(("key", "value", "extra", "match"), [

@@ -19,17 +19,13 @@ from seer_jax.rollout.core.journal import (
     JournalMismatchError,
     read_journal,
 )
+from tests.xla_flags import xla_flags_without_device_count
 
-pytestmark = pytest.mark.slow  # real engines in subprocesses
+# real engines in subprocesses; one worker runs the module, so its uninterrupted run runs once
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("resume")]
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-
-def xla_flags_without_device_count() -> str:
-    """The test run's XLA flags less the fake-device count: the CLI asks for the devices it
-    needs."""
-    return " ".join(f for f in os.environ.get("XLA_FLAGS", "").split()
-                    if "xla_force_host_platform_device_count" not in f)
 # greedy, small: 3 prompts x 2 samples x 24 tokens in chunks of 8 (so requests end chunks
 # unfinished and the journal holds prefixes), one policy
 OVERRIDES = ["--config.num_prompts=3", "--config.group_size=2", "--config.max_tokens=24",
