@@ -233,13 +233,6 @@ def apply_rope(x_nhd: jax.Array, cos_nd: jax.Array, sin_nd: jax.Array) -> jax.Ar
     return y.astype(x_nhd.dtype)
 
 
-def _per_layer_step(layer: Callable) -> Callable:
-    def step(x, cache, lp, i, cos, sin, attn_meta):
-        (x, cache), _ = layer((x, cache), (lp, i), cos=cos, sin=sin, attn_meta=attn_meta)
-        return x, cache
-    return step
-
-
 def forward(
     params: Params,
     cfg: ModelConfig,
@@ -263,9 +256,7 @@ def forward(
     x = params["embed"][tokens_n].astype(dtype)
     cos, sin = rope_cos_sin(positions_n, cfg)
 
-    def layer(carry, inputs, cos=cos, sin=sin, attn_meta=attn_meta):
-        x, cache = carry
-        lp, i = inputs
+    def block(x, cache, lp, i, cos, sin, attn_meta):
         h = rms_norm(x, lp["attn_norm"], cfg.rms_norm_eps)
         q = h @ lp["wq"]
         k = h @ lp["wk"]
@@ -281,19 +272,21 @@ def forward(
         x = x + attn.reshape(N, H * D).astype(dtype) @ lp["wo"]
         h = rms_norm(x, lp["mlp_norm"], cfg.rms_norm_eps)
         x = x + (jax.nn.silu(h @ lp["w_gate"]) * (h @ lp["w_up"])) @ lp["w_down"]
-        return (x, cache), None
+        return x, cache
 
     if layers_split(params):
         if len(params["layers"]) != cfg.num_layers:
             raise ValueError(f"{len(params['layers'])} per-layer weight dicts for a model of "
                              f"{cfg.num_layers} layers")
-        # Every layer's step is one jitted function of (x, cache, weights, index, ...): it is
-        # traced and lowered once (its kernels included) and called per layer, so compile
-        # time grows with depth only in the compiler, not in tracing and lowering.
-        step = jax.jit(_per_layer_step(layer))
+        # one jitted block called per layer: traced and lowered once (its kernels included),
+        # so compile time grows with depth only in the compiler, not in tracing and lowering
+        step = jax.jit(block)
         for i, lp in enumerate(params["layers"]):
             x, cache = step(x, cache, lp, jnp.int32(i), cos, sin, attn_meta)
     else:
+        def layer(carry, inputs):
+            return block(*carry, *inputs, cos, sin, attn_meta), None
+
         (x, cache), _ = jax.lax.scan(layer, (x, cache),
                                      (params["layers"], jnp.arange(cfg.num_layers)), unroll=unroll)
     if logits_index is not None:

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from tests.xla_flags import xla_flags_without_device_count
+from tests.subprocess_env import xla_flags_without_device_count
 
 pytestmark = pytest.mark.slow  # engines or a cluster: make test runs these, test-fast does not
 

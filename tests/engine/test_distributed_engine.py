@@ -18,6 +18,7 @@ import pytest
 from jax.sharding import Mesh
 
 from tests.engine.distributed_worker import run_impls
+from tests.subprocess_env import xla_flags_without_device_count
 
 pytestmark = pytest.mark.slow  # two jax processes compile their own steps
 
@@ -36,8 +37,7 @@ def test_two_process_slice_matches_one_process_tp2(tmp_path):
     port = free_port()
     env = dict(os.environ, JAX_PLATFORMS="cpu",
                PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p))
-    env["XLA_FLAGS"] = " ".join(f for f in env.get("XLA_FLAGS", "").split()
-                                if "xla_force_host_platform_device_count" not in f)
+    env["XLA_FLAGS"] = xla_flags_without_device_count()
     procs = [subprocess.Popen([sys.executable, str(WORKER), str(tmp_path / f"p{i}.json"), IMPLS,
                                str(i), "2", str(port)], env=env, stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True) for i in range(2)]

@@ -19,7 +19,7 @@ from seer_jax.rollout.core.run import rollout
 from tests.rollout.carry_check import CONFIG, GREEDY, MAX, G, check_kv_reuse, reference, two_calls
 from tests.rollout.test_resume import OVERRIDES, ROOT
 from tests.rollout.tiny_rollout import CFG, ENGINE, PARAMS
-from tests.xla_flags import xla_flags_without_device_count
+from tests.subprocess_env import xla_flags_without_device_count
 
 
 @pytest.mark.parametrize(("key", "value", "extra", "match"), [

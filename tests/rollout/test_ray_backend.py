@@ -26,6 +26,7 @@ from seer_jax.rollout.core.instance import InstanceFailedError, InstanceLostErro
 from seer_jax.rollout.core.run import rollout
 from seer_jax.rollout.core.types import ChunkRequest, SamplingParams
 from tests.rollout.tiny_rollout import CFG, ENGINE, GROUPS, PARAMS  # noqa: E402
+from tests.subprocess_env import compilation_cache_env
 
 # a Ray cluster and engines: make test runs these (on the worker that holds the cluster),
 # test-fast does not
@@ -40,10 +41,7 @@ def backend():
     # the actors load the executables that this run's other processes compiled (the test
     # session's persistent compilation cache, tests/conftest.py), and later actors those of
     # the first ones
-    return RayBackendConfig(step_timeout_s=120.0, env={
-        k: os.environ[k] for k in ("JAX_COMPILATION_CACHE_DIR",
-                                   "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS",
-                                   "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES")})
+    return RayBackendConfig(step_timeout_s=120.0, env=compilation_cache_env())
 
 
 @pytest.fixture(scope="module")
@@ -90,7 +88,6 @@ def test_missing_ray_is_a_config_error_saying_how_to_install(monkeypatch):
 
 
 def test_pinned_actors_run_on_their_own_core(actors):
-    import os
 
     cpus = os.cpu_count()
     for k, inst in enumerate(actors.instances):

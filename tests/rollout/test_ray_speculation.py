@@ -7,7 +7,6 @@ nothing."""
 from __future__ import annotations
 
 import dataclasses
-import os
 
 import jax
 import numpy as np
@@ -25,6 +24,7 @@ from seer_jax.rollout.core.concurrent_driver import FaultPlan
 from seer_jax.rollout.core.run import rollout
 from seer_jax.rollout.core.types import SamplingParams
 from tests.rollout.tiny_rollout import CFG, ENGINE, GROUPS, PARAMS
+from tests.subprocess_env import compilation_cache_env
 
 # a Ray cluster and engines: make test runs these (on the worker that holds the cluster),
 # test-fast does not
@@ -48,10 +48,7 @@ def backend():
     # the actors load the executables that this run's other processes compiled (the test
     # session's persistent compilation cache, tests/conftest.py), and later actors those of
     # the first ones
-    return RayBackendConfig(step_timeout_s=120.0, env={
-        k: os.environ[k] for k in ("JAX_COMPILATION_CACHE_DIR",
-                                   "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS",
-                                   "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES")})
+    return RayBackendConfig(step_timeout_s=120.0, env=compilation_cache_env())
 
 
 @pytest.fixture(scope="module")

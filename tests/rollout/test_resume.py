@@ -19,7 +19,7 @@ from seer_jax.rollout.core.journal import (
     JournalMismatchError,
     read_journal,
 )
-from tests.xla_flags import xla_flags_without_device_count
+from tests.subprocess_env import xla_flags_without_device_count
 
 # real engines in subprocesses; one worker runs the module, so its uninterrupted run runs once
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("resume")]
