@@ -290,6 +290,12 @@ class SeerRollout(base_rollout.BaseRollout):
     def policy_version(self) -> int:
         return self.group.policy_version
 
+    def set_policy_version(self, version: int) -> None:
+        """Number the served weights `version` (a resumed job: the restored trainer step)."""
+        if version < 0:
+            raise ConfigError(f"policy version {version}: must be >= 0")
+        self.group.policy_version = int(version)
+
     def model(self) -> nnx.Module:
         return self._model
 
