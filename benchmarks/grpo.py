@@ -2,8 +2,8 @@
 and 2 in-process slices): reward per step and per second, rollout / train / sync seconds per
 iteration, rollout tokens/s, and the rollout-vs-trainer logprob mismatch, over several seeds.
 
-    python benchmarks/grpo.py [--steps 100] [--seeds 0,1,2] [--engines vanilla,seer1,seer2]
-        [--bf16-steps 20] [--json benchmarks/results/grpo.json] [--plot docs/img/grpo_reward.png]
+    python benchmarks/grpo.py [--steps 60] [--seeds 0,1,2] [--engines vanilla,seer1,seer2@0]
+        [--bf16-steps 10] [--json benchmarks/results/grpo.json] [--plot docs/img/grpo_reward.png]
 
 The job (seer_jax.integrations.tunix_grpo): Tunix's GRPOLearner trains a small random Tunix
 Llama3 (character tokenizer) on single-digit addition with an exact reward; the trainer on one
@@ -109,10 +109,11 @@ def plot(per_engine: dict[str, list[dict]], path: pathlib.Path) -> None:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--steps", type=int, default=100)
+    ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--seeds", default="0,1,2")
-    ap.add_argument("--engines", default="vanilla,seer1,seer2", help=f"of {list(VARIANTS)}")
-    ap.add_argument("--bf16-steps", type=int, default=20, help="0: no bfloat16 runs")
+    ap.add_argument("--engines", default="vanilla,seer1,seer2@0",
+                    help=f"of {list(VARIANTS)}; NAME@S1+S2 runs NAME with those seeds only")
+    ap.add_argument("--bf16-steps", type=int, default=10, help="0: no bfloat16 runs")
     ap.add_argument("--learning-rate", type=float, default=1e-3)
     ap.add_argument("--window", type=int, default=10, help="steps averaged for first/last reward")
     ap.add_argument("--json", default="benchmarks/results/grpo.json")
@@ -123,13 +124,18 @@ def main(argv=None) -> int:
 
     info = run_info()
     seeds = [int(x) for x in args.seeds.split(",")]
-    engines = args.engines.split(",")
+    engines = {}  # name -> seeds; "seer2@0" runs seer2 with seed 0 only
+    for item in args.engines.split(","):
+        name, _, own = item.partition("@")
+        if name not in VARIANTS:
+            raise SystemExit(f"--engines: {name!r} is not one of {list(VARIANTS)}")
+        engines[name] = [int(x) for x in own.split("+")] if own else seeds
     per_engine: dict[str, list[dict]] = {}
     bf16: dict[str, dict] = {}
     t0 = time.perf_counter()
-    for name in engines:
+    for name, engine_seeds in engines.items():
         engine, slices = VARIANTS[name]
-        for seed in seeds:
+        for seed in engine_seeds:
             r = run_grpo(GrpoSettings(engine=engine, slices=slices, steps=args.steps, seed=seed,
                                       learning_rate=args.learning_rate))
             per_engine.setdefault(name, []).append(r)
@@ -139,9 +145,9 @@ def main(argv=None) -> int:
                   flush=True)
         if args.bf16_steps:
             bf16[name] = run_grpo(GrpoSettings(engine=engine, slices=slices, steps=args.bf16_steps,
-                                               seed=seeds[0], learning_rate=args.learning_rate,
+                                               seed=engine_seeds[0], learning_rate=args.learning_rate,
                                                rollout_dtype="bfloat16"))
-    summary = {"steps": args.steps, "seeds": seeds, "learning_rate": args.learning_rate,
+    summary = {"steps": args.steps, "seeds": {k: v for k, v in engines.items()}, "learning_rate": args.learning_rate,
                "task": "single-digit addition a+b (0<=a,b<=4), reward: exact 1 + closeness 0.5",
                "engines": {}}
     for name, runs in per_engine.items():
@@ -164,14 +170,14 @@ def main(argv=None) -> int:
               f"{e['rollout_s_median']:8.3f} {e['train_s_median']:6.3f} {e['sync_s_median']:6.3f} "
               f"{e['tokens_per_s_median']:7.0f} {e['first_step_s']:7.1f} "
               f"{m32.get('max_abs', float('nan')):10.2e} {m16.get('max_abs', float('nan')):11.2e}")
-    if args.plot:
-        plot(per_engine, pathlib.Path(args.plot))
     if args.json:
         path = pathlib.Path(args.json)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps({"run": info, "summary": summary,
                                     "runs": {k: v for k, v in per_engine.items()},
                                     "bfloat16_runs": bf16}, indent=1, default=str) + "\n")
+    if args.plot:
+        plot(per_engine, pathlib.Path(args.plot))
     return 0
 
 
