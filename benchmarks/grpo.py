@@ -57,6 +57,7 @@ def summarize(runs: list[dict], window: int) -> dict:
         "first_step_s": _mean([s[0]["rollout_s"] + s[0]["train_s"] + s[0]["sync_s"] for s in steps]),
         **{f"{k}_median": _mean([r["summary"][f"{k}_median"] for r in runs])
            for k in ("rollout_s", "train_s", "sync_s", "iteration_s", "tokens_per_s")},
+        "wall_s_after_first_step": _mean([s[-1]["wall_s"] - s[0]["wall_s"] for s in steps]),
         "versions_match": all(r["summary"]["versions_match"] for r in runs),
         "mismatch_float32": _mismatch(runs),
     }
@@ -94,7 +95,7 @@ def plot(per_engine: dict[str, list[dict]], path: pathlib.Path) -> None:
             b.plot(t[k - 1:], ys, color=line.get_color(), alpha=0.7,
                    label=name if run is runs[0] else None)
     a.set_xlabel("GRPO step")
-    a.set_ylabel("mean reward (moving average; band: min-max over seeds)")
+    a.set_ylabel("mean reward (moving avg; band: seeds min-max)")
     b.set_xlabel("seconds after the first step (rollout + train + sync)")
     b.set_ylabel("mean reward (moving average)")
     b.set_xscale("symlog", linthresh=1.0)
@@ -118,7 +119,11 @@ def main(argv=None) -> int:
     ap.add_argument("--window", type=int, default=10, help="steps averaged for first/last reward")
     ap.add_argument("--json", default="benchmarks/results/grpo.json")
     ap.add_argument("--plot", default="docs/img/grpo_reward.png")
+    ap.add_argument("--replot", default="", help="only redraw --plot from this JSON")
     args = ap.parse_args(argv)
+    if args.replot:
+        plot(json.loads(pathlib.Path(args.replot).read_text())["runs"], pathlib.Path(args.plot))
+        return 0
     from seer_jax.integrations.tunix_grpo import GrpoSettings, run_grpo
     from seer_jax.provenance import run_info
 
@@ -159,7 +164,15 @@ def main(argv=None) -> int:
         for e in summary["engines"].values():
             e["iteration_s_vs_vanilla"] = e["iteration_s_median"] / base["iteration_s_median"]
             e["rollout_s_vs_vanilla"] = e["rollout_s_median"] / base["rollout_s_median"]
+    for e in summary["engines"].values():  # reward gained per second of training after step 0
+        e["reward_gain_per_s"] = (e["reward_last"] - e["reward_first"]) / e["wall_s_after_first_step"]
     summary["total_s"] = time.perf_counter() - t0
+    if args.json:
+        path = pathlib.Path(args.json)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"run": info, "summary": summary,
+                                    "runs": {k: v for k, v in per_engine.items()},
+                                    "bfloat16_runs": bf16}, indent=1, default=str) + "\n")
     head = (f"{'engine':8s} {'reward first->last':>18s} {'exact':>11s} {'iter s':>7s} {'rollout':>8s} "
             f"{'train':>6s} {'sync':>6s} {'tok/s':>7s} {'first s':>7s} {'f32 max|d|':>10s} {'bf16 max|d|':>11s}")
     print(head)
@@ -170,12 +183,6 @@ def main(argv=None) -> int:
               f"{e['rollout_s_median']:8.3f} {e['train_s_median']:6.3f} {e['sync_s_median']:6.3f} "
               f"{e['tokens_per_s_median']:7.0f} {e['first_step_s']:7.1f} "
               f"{m32.get('max_abs', float('nan')):10.2e} {m16.get('max_abs', float('nan')):11.2e}")
-    if args.json:
-        path = pathlib.Path(args.json)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps({"run": info, "summary": summary,
-                                    "runs": {k: v for k, v in per_engine.items()},
-                                    "bfloat16_runs": bf16}, indent=1, default=str) + "\n")
     if args.plot:
         plot(per_engine, pathlib.Path(args.plot))
     return 0
