@@ -390,9 +390,11 @@ class GrpoRun:
         try:
             # all the batches: on resume Tunix skips those of the restored steps itself
             self.learner.train([self.batch_fn(s, k) for k in range(s.steps)])
-        finally:
-            if self.cluster.actor_trainer.checkpoint_manager is not None:
-                self.cluster.close()
+        except BaseException:
+            # Tunix closes the trainer only when training ends; on an error close it here, which
+            # saves the last step's checkpoint and waits for pending writes
+            self.cluster.close()
+            raise
 
     def report(self) -> dict:
         h, s = self.history, self.s
