@@ -35,7 +35,7 @@ sys.path.insert(0, str(ROOT))
 def parse_args(argv):
     from seer_jax.integrations.tunix_grpo import GrpoSettings
 
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     for f in dataclasses.fields(GrpoSettings):
         flag = "--" + f.name.replace("_", "-")
         if f.type in ("bool", bool):
