@@ -46,6 +46,7 @@ from seer_jax.engine.attention_backend import (
 )
 from seer_jax.engine.batch import Layout, StepBatch, bucket, uses_cpu_decode
 from seer_jax.engine.cpu_attention import gather_pages, paged_decode_attention
+from seer_jax.engine.scatter_check import check_unique
 from seer_jax.model.config import ModelConfig
 from seer_jax.model.llama import (
     Params,
@@ -452,6 +453,7 @@ class ModelRunner:
             table = jax.device_put(np.array(rows.pages), self._batch_sharding)
             rows.tracking = True
         elif len(idx):
+            check_unique("page table entries", idx)
             n = bucket(len(idx), 256)
             idx = np.pad(idx, (0, n - len(idx)), constant_values=rows.pages.size)
             val = np.pad(val, (0, n - len(val)))
@@ -486,6 +488,7 @@ class ModelRunner:
         `prev`: the launched step whose sampled tokens this batch reads (`batch.token_src`).
         wait_inputs: wait for the inputs' transfer (so that `timings.h2d_s` measures it)."""
         t0 = time.perf_counter()
+        check_unique("KV slots of the step's tokens", batch.slots)
         dev = self._device_batch(batch, prev)
         if wait_inputs:
             jax.block_until_ready(dev)
@@ -530,6 +533,7 @@ class ModelRunner:
         """Copy the K/V at cache slots src to slots dst (all layers): compacts an accepted tree
         path into consecutive positions."""
         if src:
+            check_unique("accepted draft slots", dst)
             self.kv_all = self._move_slots(self.kv_all, self.device_input(src, jnp.int32),
                                            self.device_input(dst, jnp.int32))
 
@@ -537,6 +541,7 @@ class ModelRunner:
         if not pairs:
             return
         src = self.device_input([p[0] for p in pairs], jnp.int32)
+        check_unique("page copies", [p[1] for p in pairs])
         dst = self.device_input([p[1] for p in pairs], jnp.int32)
         self.kv_all = self._copy_pages(self.kv_all, src, dst)
 
@@ -555,6 +560,7 @@ class ModelRunner:
             k, v = np.repeat(k, self.kv_repeat, axis=1), np.repeat(v, self.kv_repeat, axis=1)
         L, H, n, D = k.shape
         S = self.page_size
+        check_unique("imported KV pages", pages)
         pad = len(pages) * S - n
         kv = interleave_kv(k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3))  # [L, n, 2H, D]
         kv = np.pad(kv, ((0, 0), (0, pad), (0, 0), (0, 0))).reshape(L, len(pages), S, 2 * H, D)
