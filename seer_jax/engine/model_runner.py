@@ -27,6 +27,7 @@ import collections
 import dataclasses
 import functools
 import math
+import threading
 import time
 
 import jax
@@ -71,6 +72,10 @@ MAX_EXECUTABLES = 512
 # a new step waits for them first, so that XLA never compiles while a step executes in the
 # background (overlap leaves one step in flight per engine; compiles are rare)
 _IN_FLIGHT: collections.deque = collections.deque(maxlen=1024)
+# held while a step is looked up, compiled and dispatched: engines stepped on threads
+# (`ConcurrentDriver`) share the executable cache and the fence above, so no step is dispatched
+# while another thread compiles, and a shape is compiled once
+_STEP_LOCK = threading.RLock()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -423,6 +428,10 @@ class ModelRunner:
                self.kv_all.shape, str(self.kv_all.dtype), str(self.kv_all.sharding),
                tuple(sorted(d.id for d in self.kv_all.sharding.device_set)),
                jax.tree.structure(self.params))
+        with _STEP_LOCK:
+            return self._cached_executable(key, fn, dev, **static)
+
+    def _cached_executable(self, key, fn, dev: dict, **static):
         exe = _EXECUTABLES.get(key)
         if exe is not None:
             _EXECUTABLES.move_to_end(key)
@@ -494,14 +503,16 @@ class ModelRunner:
             jax.block_until_ready(dev)
         t1 = time.perf_counter()
         kind = "verify" if batch.draft is not None and batch.draft.tokens is not None else "sample"
-        if kind == "verify":
-            exe = self._executable(_verify_step, dev, cfg=self.cfg, layout=batch.layout, plan=self.plan)
-        else:
-            exe = self._executable(_sample_step, dev, cfg=self.cfg, layout=batch.layout,
-                                   plan=self.plan, num_top=num_top)
-        t2 = time.perf_counter()
-        self.kv_all, packed = exe(self.params, self.kv_all, dev)
-        _IN_FLIGHT.append(packed)
+        with _STEP_LOCK:
+            if kind == "verify":
+                exe = self._executable(_verify_step, dev, cfg=self.cfg, layout=batch.layout,
+                                       plan=self.plan)
+            else:
+                exe = self._executable(_sample_step, dev, cfg=self.cfg, layout=batch.layout,
+                                       plan=self.plan, num_top=num_top)
+            t2 = time.perf_counter()
+            self.kv_all, packed = exe(self.params, self.kv_all, dev)
+            _IN_FLIGHT.append(packed)
         return Launched(kind, batch.layout, num_top, packed, h2d_s=t1 - t0,
                         dispatch_s=time.perf_counter() - t2)
 
