@@ -110,6 +110,12 @@ class EngineInstance:
     def running_progress(self) -> dict[str, int]:
         return {s.request_id: len(s.output) for s in self.engine.running}
 
+    def close_group(self, group_id: str) -> None:
+        """Every request of the group has finished: forget it (its draft context too)."""
+        self._prompts.pop(group_id, None)
+        if self.engine.spec is not None:
+            self.engine.spec.close_group(group_id)
+
     def abort(self, request_id: str) -> None:
         self.engine.abort(request_id)
         self._chunks.pop(request_id, None)
