@@ -1,8 +1,9 @@
 """The rollout API on real engines: prompts -> groups of responses through the controller.
 
 `run_rollout(cfg)` takes a rollout config (`seer_jax.rollout.config`; see `configs/rollout/*.py`),
-parses it once into `RolloutSettings` (`seer_jax.rollout.settings`: all that the code below reads), loads the model, builds one engine per mesh slice (in process or as Ray actors) and runs one or
-more policies on the same prompts and seeds.
+parses it once into `RolloutSettings` (`seer_jax.rollout.settings`: all that the code below
+reads), loads the model, builds one engine per mesh slice (in process or as Ray actors) and runs
+one or more policies on the same prompts and seeds.
 `rollout_groups(...)` is the programmatic entry point for trainers (prompts as token ids).
 """
 
@@ -26,6 +27,7 @@ from seer_jax.rollout.config import (  # noqa: F401 (bench_config, default_confi
     default_config,
     validate_config,
 )
+from seer_jax.rollout.core.controller_config import ControllerConfig
 from seer_jax.rollout.core.policies import CATALOG, Hindsight, PolicyCatalog
 from seer_jax.rollout.core.policies.base import options_for
 from seer_jax.rollout.core.types import SamplingParams
@@ -96,10 +98,10 @@ def run_rollout(config: ml_collections.ConfigDict | RolloutSettings,
     if isinstance(config, RolloutSettings):
         s = config
     else:
-        validate_config(config, catalog)
+        policies = validate_config(config, catalog)
         if config.backend == "inprocess":  # before jax is imported (parsing imports the engine)
             ensure_cpu_devices(config.num_instances * config.tp)
-        s = RolloutSettings.from_config(config, catalog)
+        s = RolloutSettings.parse(config, policies)
     carries = _carries(s, carry)
     journal, state, prompts, tok = _open_journal(s, resume)
     if state is not None and all(state.policy(p).done for p in s.policies):
@@ -379,10 +381,11 @@ def write_trace(path: str | pathlib.Path, results) -> None:
 
 def rollout_groups(engines: Sequence, prompts: list[list[int]], group_size: int, max_tokens: int,
                    sampling: SamplingParams, policy: str = "seer",
-                   config: dict | None = None, policy_options: dict | None = None,
+                   config: ControllerConfig | Mapping[str, Any] | None = None,
+                   policy_options: Mapping[str, Any] | None = None,
                    carry=None, target_groups: int | None = None, weight_version: int = 0):
     """Run groups through existing `EngineInstance`s (e.g. kept alive by a trainer adapter).
-    config: ControllerConfig fields (default chunk: the whole budget); policy_options: the
+    config: a ControllerConfig or its fields (default chunk: the whole budget); policy_options: the
     policy's own options. carry, target_groups: partial rollout across calls
     (`seer_jax.rollout.core.carry.CarryOver`); weight_version: recorded with every token."""
     from seer_jax.rollout.core.run import rollout

@@ -170,7 +170,11 @@ class RolloutSettings:
                     catalog: PolicyCatalog = CATALOG) -> RolloutSettings:
         """Validate `c` (`validate_config`: a ConfigError naming the key, its value and what
         is allowed) and parse it. Imports the engine (and so jax)."""
-        policies = validate_config(c, catalog)
+        return cls.parse(c, validate_config(c, catalog))
+
+    @classmethod
+    def parse(cls, c: ml_collections.ConfigDict, policies: list[str]) -> RolloutSettings:
+        """Parse a config `validate_config` passed (`policies`: what it returned)."""
         speculation = SpeculationSettings(
             enabled=c.speculation, profile=c.spec_profile, draft_service=draft_sync_config(c),
             fault_kill_draft_service_after_chunks=c.fault_kill_draft_service_after_chunks)

@@ -115,3 +115,12 @@ def test_only_the_edge_reads_the_config_dict():
             if any(n and n.split(".")[0] == "ml_collections" for n in names):
                 readers.add(path.relative_to(ROLLOUT).as_posix())
     assert readers == {"api.py", "config.py", "settings.py", "core/policies/__init__.py"}
+
+
+def test_run_rollout_takes_parsed_settings_too():
+    from seer_jax.rollout.api import run_rollout
+    from seer_jax.rollout.core.carry import CarryOver
+
+    s = RolloutSettings.from_config(default_config())
+    with pytest.raises(ConfigError, match=r"carry_over=False is invalid: the carried groups"):
+        run_rollout(s, carry={"seer": CarryOver()})
