@@ -16,15 +16,12 @@ import hashlib
 import json
 import os
 import pathlib
-from typing import TYPE_CHECKING
 
 from seer_jax.rollout.core.journal import JournalError, JournalState, RequestRecord
 from seer_jax.rollout.core.report import report_from_json
 from seer_jax.rollout.core.results import ResponseResult
 from seer_jax.rollout.core.run import RolloutOutput
-
-if TYPE_CHECKING:
-    from seer_jax.rollout.settings import RolloutSettings
+from seer_jax.rollout.settings import RolloutSettings
 
 # files up to this size are hashed whole; larger ones by their size, first and last HASH_EDGE
 WHOLE_FILE_HASH = 256 << 20
