@@ -17,12 +17,11 @@ import json
 import os
 import pathlib
 
-import ml_collections
-
 from seer_jax.rollout.core.journal import JournalError, JournalState, RequestRecord
 from seer_jax.rollout.core.report import report_from_json
 from seer_jax.rollout.core.results import ResponseResult
 from seer_jax.rollout.core.run import RolloutOutput
+from seer_jax.rollout.settings import RolloutSettings
 
 # sha256 of a file's bytes, by (resolved path, inode, size, mtime_ns): a process that
 # fingerprints the same unchanged model again does not read it again
@@ -54,27 +53,27 @@ def file_identity(path: str | os.PathLike) -> str:
     return h.hexdigest()[:32]
 
 
-def rollout_fingerprint(c: ml_collections.ConfigDict, prompts: list[list[int]],
+def rollout_fingerprint(s: RolloutSettings, prompts: list[list[int]],
                         model_path: str | os.PathLike) -> dict:
     """What a journal of this rollout must match to be resumed (see the module docstring)."""
     tokens = hashlib.sha256(json.dumps(prompts, separators=(",", ":")).encode()).hexdigest()[:32]
     return {
-        "model": str(c.model),
+        "model": str(s.model.name),
         "model_files": file_identity(model_path),
-        "dtype": str(c.dtype),
-        "prompts": str(c.prompts),
-        "num_prompts": int(c.num_prompts),
-        "chat": bool(c.chat),
+        "dtype": str(s.model.dtype),
+        "prompts": str(s.prompts.source),
+        "num_prompts": int(s.prompts.num_prompts),
+        "chat": bool(s.prompts.chat),
         "prompt_tokens": tokens,
-        "group_size": int(c.group_size),
-        "max_tokens": int(c.max_tokens),
-        "temperature": float(c.temperature),
-        "top_p": float(c.top_p),
-        "top_k": int(c.top_k),
-        "seed": int(c.seed),
-        "per_request_seeds": bool(c.controller.per_request_seeds),
-        "policies": str(c.policies),
-        "speculation": bool(c.speculation),
+        "group_size": int(s.group_size),
+        "max_tokens": int(s.max_tokens),
+        "temperature": float(s.sampling.temperature),
+        "top_p": float(s.sampling.top_p),
+        "top_k": int(s.sampling.top_k),
+        "seed": int(s.sampling.seed),
+        "per_request_seeds": bool(s.controller.per_request_seeds),
+        "policies": ",".join(s.policies),
+        "speculation": bool(s.speculation.enabled),
     }
 
 

@@ -46,7 +46,7 @@ def pin_to_cpu_core() -> int | None:
     return int(core)
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class RayBackendConfig:
     """address: "" = start a local cluster on 127.0.0.1; otherwise a cluster address
     ("auto", "ray://host:10001", "host:6379").
