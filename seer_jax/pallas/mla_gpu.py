@@ -5,7 +5,8 @@ head_groups, num_kv_splits); rows are `block_q` packed tokens x one group of at 
 heads (padded to a power of two, as Triton requires); every group reads the same latent rows.
 For each sequence overlapping the q block, the split's share of the K/V blocks its causal window
 needs is read page by page through the page table (gathered loads of `pages_per_block` pages):
-the c_kv lanes [0, R) and the k_rope lanes [R, R + Dr) of the cache rows come through two views
+pages larger than a block (about KV_BLOCK_BYTES of c_kv) are read in slices. The c_kv lanes
+[0, R) and the k_rope lanes [R, R + Dr) of the cache rows come through two views
 of the one cache array, so both load as power-of-two tiles. scores = q_latent . c_kv^T +
 q_rope . k_rope^T, online softmax in registers, acc += p . c_kv. Each split writes its
 un-normalised accumulator and (m, l); the wrapper merges them (flash-decoding). bf16 dots
@@ -30,6 +31,7 @@ from seer_jax.pallas.tree import KERNEL_TREE_WINDOW
 
 NEG = -1e30
 MAX_GROUP_HEADS = 16  # query heads one program holds (its rows x kv_lora_rank f32 accumulator)
+KV_BLOCK_BYTES = 32 * 1024  # c_kv bytes of one K/V block (shared memory, per pipeline stage)
 
 
 def gpu_mla_problem(*, kv_lora_rank: int, rope_dim: int, page_size: int) -> str | None:
@@ -61,15 +63,15 @@ def _kernel(
     layer_ref, pages_ref, kv_lens_ref, cu_ref, blk_lo_ref, blk_hi_ref,
     o_ref,  # [rows, R] f32 (this split)
     m_out_ref, l_out_ref,  # [rows] f32
-    *, sm_scale: float, block_q: int, page_size: int, pages_per_block: int, num_splits: int,
-    has_tree: bool,
+    *, sm_scale: float, block_q: int, page_size: int, pages_per_block: int, sub_blocks: int,
+    num_splits: int, has_tree: bool,
 ):
     b = pl.program_id(0)
     split = pl.program_id(2)
     layer = layer_ref[0]
     rows, rank = ql_ref.shape
     rope_dim = qr_ref.shape[1]
-    kv_blk = pages_per_block * page_size
+    kv_blk = pages_per_block * page_size // sub_blocks
     exact_f32 = False if c_ref.dtype == jnp.float32 else None
     ql = (ql_ref[...].astype(jnp.float32) * sm_scale).astype(c_ref.dtype)
     qr = (qr_ref[...].astype(jnp.float32) * sm_scale).astype(c_ref.dtype)
@@ -94,9 +96,15 @@ def _kernel(
 
         def per_kv_block(kb, c):
             o, m, den = c
-            pages = pages_ref[seq, pl.ds(kb * pages_per_block, pages_per_block)]
-            c_kv = c_ref[layer, pages].reshape(kv_blk, rank)
-            k_rope = r_ref[layer, pages].reshape(kv_blk, rope_dim)
+            if sub_blocks == 1:  # whole pages, gathered
+                pages = pages_ref[seq, pl.ds(kb * pages_per_block, pages_per_block)]
+                c_kv = c_ref[layer, pages].reshape(kv_blk, rank)
+                k_rope = r_ref[layer, pages].reshape(kv_blk, rope_dim)
+            else:  # a slice of one page
+                page = pages_ref[seq, jax.lax.div(kb, sub_blocks)]
+                rows = pl.ds(jax.lax.rem(kb, sub_blocks) * kv_blk, kv_blk)
+                c_kv = c_ref[layer, page, rows]
+                k_rope = r_ref[layer, page, rows]
             kpos = kb * kv_blk + jnp.arange(kv_blk, dtype=jnp.int32)
             k_ok = kpos < kv_end
             s = (pltriton.dot(ql, c_kv, trans_b=True, allow_tf32=exact_f32)
@@ -153,7 +161,14 @@ def mla_attention_gpu(
     group = num_heads // groups
     gp = pow2(group)
     block_q = pow2(block_q or max(1, 16 // gp))
-    pages_per_block = pow2(pages_per_block or max(1, 32 // page_size))
+    # K/V block: about KV_BLOCK_BYTES of c_kv; whole pages gathered, or slices of a big page
+    kv_tokens = max(16, KV_BLOCK_BYTES // (rank * pool.dtype.itemsize))
+    if pages_per_block:
+        pages_per_block, sub_blocks = pow2(pages_per_block), 1
+    elif page_size <= kv_tokens:
+        pages_per_block, sub_blocks = max(1, kv_tokens // page_size), 1
+    else:
+        pages_per_block, sub_blocks = 1, page_size // kv_tokens
     pages_per_block = min(pages_per_block, pow2(pages_per_seq))
     if num_kv_splits is None:
         num_kv_splits = 4 if num_tokens <= 2 * max_seqs else 1
@@ -170,7 +185,7 @@ def mla_attention_gpu(
     cu = cu_q_lens.astype(jnp.int32)
     kernel = functools.partial(
         _kernel, sm_scale=float(sm_scale), block_q=block_q, page_size=page_size,
-        pages_per_block=pages_per_block, num_splits=num_kv_splits,
+        pages_per_block=pages_per_block, sub_blocks=sub_blocks, num_splits=num_kv_splits,
         has_tree=tree_parents is not None)
     full = lambda shape: pl.BlockSpec(shape, lambda b, h, s: (0,) * len(shape))
     n_rows = tp * gp

@@ -25,8 +25,12 @@ from jax.experimental.pallas import tpu as pltpu
 from seer_jax.errors import InputError
 from seer_jax.pallas.attention_tpu import _dot_precision, prepare, unfold
 from seer_jax.pallas.cost_estimates import _record
-from seer_jax.pallas.limits import (TPU_KV_BLOCK_TOKENS, TPU_KV_BUFFER_BYTES,
-                                    TPU_SMEM_PREFETCH_BYTES, tpu_block_q)
+from seer_jax.pallas.limits import (
+    TPU_KV_BLOCK_TOKENS,
+    TPU_KV_BUFFER_BYTES,
+    TPU_SMEM_PREFETCH_BYTES,
+    tpu_block_q,
+)
 from seer_jax.pallas.mla_layout import latent_pool_4d, padded_latent_bytes_per_token
 from seer_jax.pallas.tree import KERNEL_TREE_WINDOW
 
