@@ -221,3 +221,29 @@ def test_latent_cache_bytes():
     assert latent_bytes_per_token(512, 64, 2) == 1152
     assert padded_latent_bytes_per_token(512, 64, 2) == 1280
     assert latent_cache_shape(61, 10, 16, 512, 64) == (61, 10, 16, 576)
+
+
+@pytest.mark.parametrize("tp,impl", [(4, "gpu")])
+def test_sharded_mla_equals_unsharded(tp, impl):
+    from jax.sharding import Mesh
+
+    from seer_jax.pallas.mla_sharded import sharded_mla_attention, sharded_write_latent
+
+    mesh = Mesh(np.array(jax.devices()[:tp]), ("tp",))
+    b = make_mla_batch([(1, 30), (6, 20), (3, 3)], num_heads=8, kv_lora_rank=32, rope_dim=16,
+                       page_size=8, max_seqs=4, num_tokens=12, trees={1: [-1, 0, 0, 1, 2, 2]})
+    args = _args(b)
+    cache = jnp.stack([args[2], args[2]])  # a two-layer cache, layer 1 read
+    slots = jnp.array([0, -1, 9], jnp.int32)
+    new_c, new_r = args[0][:3, 0], args[1][:3, 0]
+    want_cache = write_latent(cache, new_c, new_r, slots, impl="reference", layer=1)
+    got_cache = sharded_write_latent(mesh, cache, new_c, new_r, slots, impl=impl,
+                                     interpret=True, layer=1)
+    np.testing.assert_array_equal(np.asarray(got_cache), np.asarray(want_cache))
+    want = jax.jit(lambda *a: ragged_paged_mla_attention(
+        *a, sm_scale=SCALE, tree_parents=_tree(b), impl="reference", layer=1))(
+            args[0], args[1], want_cache, *args[3:])
+    got = jax.jit(lambda *a: sharded_mla_attention(
+        mesh, *a, sm_scale=SCALE, tree_parents=_tree(b), impl=impl, interpret=True,
+        layer=1))(args[0], args[1], got_cache, *args[3:])
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-5, rtol=0)
