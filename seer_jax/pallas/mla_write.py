@@ -8,8 +8,9 @@ must be aligned to tiles"). So the kernel read-modify-writes tiles: for a window
 `WRITE_WINDOW` tokens it DMAs each token's aligned tile of `tile_rows` rows (8 for 32-bit, 16
 for bf16) and its new row into VMEM, merges into every tile the window's rows that fall in it
 (so tokens sharing a tile all write the same merged tile), and DMAs the tiles back; windows run
-one after another, so a later window reads what an earlier one wrote. The new rows travel as
-[T, 1, W] so that a token index is an untiled axis. Slots are cleaned to >= 0 before the divmod
+one after another, so a later window reads what an earlier one wrote. A token's new row is
+read the same way: the aligned tile of new rows holding it is copied in and the row picked out
+by a masked sum (exact: one nonzero term). Slots are cleaned to >= 0 before the divmod
 (`lax.div`/`lax.rem`, which lower from a CPU host).
 
 GPU (Triton): grid (tokens,); each program stores the row's c_kv and k_rope lanes (two
@@ -70,7 +71,7 @@ def _clean_slots(slot_mapping, n_slots):
 def _tpu_kernel(layer_ref, slots_ref, new_hbm, kv_in, kv_hbm, tiles, rows, sems, *,
                 page_size: int, tile_rows: int, window: int):
     del kv_in  # aliased with kv_hbm
-    num_tokens = new_hbm.shape[0]
+    num_tokens = slots_ref.shape[0]  # new_hbm holds them padded to whole tiles
     layer = layer_ref[0]
     ps, tr = jnp.int32(page_size), jnp.int32(tile_rows)
     row_iota = jax.lax.broadcasted_iota(jnp.int32, (tile_rows, 1), 0)
@@ -88,10 +89,12 @@ def _tpu_kernel(layer_ref, slots_ref, new_hbm, kv_in, kv_hbm, tiles, rows, sems,
             ok = (t < num_tokens) & (slot >= 0)
             key = jnp.where(ok, safe - r, -1)  # the tile's first slot
             hbm_tile = kv_hbm.at[layer, page, pl.ds(base, tile_rows)]
+            t_r = jax.lax.rem(tc, tr)
+            new_tile = new_hbm.at[pl.ds(pl.multiple_of(tc - t_r, tile_rows), tile_rows)]
             toks.append(dict(
-                ok=ok, r=r, key=key,
+                ok=ok, r=r, key=key, t_r=t_r,
                 read=pltpu.make_async_copy(hbm_tile, tiles.at[i], sems.at[0]),
-                row=pltpu.make_async_copy(new_hbm.at[tc], rows.at[i], sems.at[1]),
+                row=pltpu.make_async_copy(new_tile, rows.at[i], sems.at[1]),
                 write=pltpu.make_async_copy(tiles.at[i], hbm_tile, sems.at[2])))
         for x in toks:
             pl.when(x["ok"])(x["read"].start)
@@ -99,13 +102,17 @@ def _tpu_kernel(layer_ref, slots_ref, new_hbm, kv_in, kv_hbm, tiles, rows, sems,
         for x in toks:
             pl.when(x["ok"])(x["read"].wait)
             pl.when(x["ok"])(x["row"].wait)
+        new_rows = []  # token j's row [1, W], picked out of its tile of new rows
+        for j, y in enumerate(toks):
+            picked = jnp.where(row_iota == y["t_r"], rows[j].astype(jnp.float32), 0.0)
+            new_rows.append(jnp.sum(picked, axis=0, keepdims=True).astype(tiles.dtype))
         for i, x in enumerate(toks):
             @pl.when(x["ok"])
             def _(i=i, x=x):
                 tile = tiles[i]  # [tile_rows, W]
                 for j, y in enumerate(toks):
                     sel = (row_iota == y["r"]) & (y["key"] == x["key"])
-                    tile = jnp.where(sel, jnp.broadcast_to(rows[j], tile.shape), tile)
+                    tile = jnp.where(sel, jnp.broadcast_to(new_rows[j], tile.shape), tile)
                 tiles[i] = tile
         for x in toks:
             pl.when(x["ok"])(x["write"].start)
@@ -129,7 +136,8 @@ def write_latent_tpu(latent_pages, new_latent, new_rope, slot_mapping, *,
         raise InputError(f"TPU latent write: {num_tokens} tokens of slots exceed the scalar "
                          "memory bound; use impl='reference'")
     slots = _clean_slots(slot_mapping, total_pages * page_size)
-    new = jnp.concatenate([new_latent, new_rope], axis=-1).astype(pool.dtype)[:, None, :]
+    new = jnp.concatenate([new_latent, new_rope], axis=-1).astype(pool.dtype)
+    new = jnp.pad(new, ((0, -num_tokens % tile_rows), (0, 0)))  # whole tiles of new rows
     window = min(WRITE_WINDOW, max(1, num_tokens))
     any_spec = pl.BlockSpec(memory_space=pl.ANY)
     grid_spec = pltpu.PrefetchScalarGridSpec(
@@ -138,7 +146,7 @@ def write_latent_tpu(latent_pages, new_latent, new_rope, slot_mapping, *,
         in_specs=[any_spec] * 2,
         out_specs=any_spec,
         scratch_shapes=[pltpu.VMEM((window, tile_rows, width), pool.dtype),
-                        pltpu.VMEM((window, 1, width), pool.dtype),
+                        pltpu.VMEM((window, tile_rows, width), pool.dtype),
                         pltpu.SemaphoreType.DMA((3,))],
     )
     out = pl.pallas_call(
