@@ -146,8 +146,11 @@ class MlaCase:
 
     @property
     def label(self) -> str:
+        batch = (self.num_layers, self.num_pages, self.max_seqs, self.pages_per_seq,
+                 self.num_tokens)
+        big = "" if batch == (2, 256, 8, 16, 64) else "-L{}-P{}-seqs{}x{}-t{}".format(*batch)
         return (f"{self.kernel}-h{self.heads}-r{self.kv_lora_rank}-rope{self.rope_dim}"
-                f"-{self.dtype}-s{self.page_size}")
+                f"-{self.dtype}-s{self.page_size}{big}")
 
 
 def lower_mla_kernel(case: MlaCase, target_name: str):

@@ -3,7 +3,8 @@ compile with each target's own compiler (Mosaic; Triton + ptxas) at Moonlight-16
 Kimi-K2's per-device shapes: kv_lora_rank 512, qk_rope_head_dim 64, their query heads split over
 tp (Moonlight 16 heads, Kimi-K2 64), the latent cache whole on every device. The default set is
 a few cases on the chips each model is deployed on; `-m exhaustive` compiles every kernel for
-every target, shard count, dtype and page size."""
+every target, shard count, dtype and page size, and at a deployment's batch (128 sequences of up
+to 4K tokens, the model's layers)."""
 
 import pytest
 
@@ -37,6 +38,13 @@ EVERY = [(_case(k, h), t) for h in HEADS for k in MLA_KERNELS for t in TARGETS]
 EVERY += [(_case(k, h, dt, s), t) for h in (8, 16) for dt, s in (("bfloat16", 64),
                                                                  ("float32", 16))
           for k in MLA_KERNELS for t in TARGETS]
+# a deployment's batch: 128 sequences of up to 4K tokens, 512-token mixed steps, a 512K-token
+# cache of the model's layers (Moonlight 27 at tp 1 on v6e / H100, Kimi-K2 61 at tp 8 on
+# v5p / H200)
+EVERY += [(MlaCase(k, h, 512, 64, "bfloat16", 16, num_layers=layers, num_pages=32768,
+                   max_seqs=128, pages_per_seq=256, num_tokens=512), t)
+          for h, layers, targets in ((16, 27, ("v6e", "h100")), (8, 61, ("v5p", "h200")))
+          for k in MLA_KERNELS for t in targets]
 EVERY = [c for c in EVERY if c not in DEFAULT]
 
 
