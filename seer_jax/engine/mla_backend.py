@@ -11,11 +11,9 @@ from __future__ import annotations
 
 from seer_jax.engine.attention_backend import AttentionPlan
 from seer_jax.errors import ConfigError
-from seer_jax.pallas.limits import tpu_block_q
+from seer_jax.pallas.limits import gpu_mla_problem, tpu_block_q, tpu_mla_problem
 from seer_jax.pallas.mla import ragged_paged_mla_attention
-from seer_jax.pallas.mla_gpu import gpu_mla_problem
 from seer_jax.pallas.mla_sharded import sharded_mla_attention, sharded_write_latent
-from seer_jax.pallas.mla_tpu import tpu_mla_problem
 from seer_jax.pallas.mla_write import write_latent
 
 

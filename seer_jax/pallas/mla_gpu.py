@@ -24,27 +24,14 @@ from jax.experimental.pallas import triton as pltriton
 
 from seer_jax.errors import InputError
 from seer_jax.pallas.attention_tpu import prepare, unfold
-from seer_jax.pallas.limits import pow2
+from seer_jax.pallas.cost_estimates import mla_cost
+from seer_jax.pallas.limits import gpu_mla_problem, pow2
 from seer_jax.pallas.mla_layout import latent_pool_4d
-from seer_jax.pallas.mla_tpu import mla_cost
 from seer_jax.pallas.tree import KERNEL_TREE_WINDOW
 
 NEG = -1e30
 MAX_GROUP_HEADS = 16  # query heads one program holds (its rows x kv_lora_rank f32 accumulator)
 KV_BLOCK_BYTES = 32 * 1024  # c_kv bytes of one K/V block (shared memory, per pipeline stage)
-
-
-def gpu_mla_problem(*, kv_lora_rank: int, rope_dim: int, page_size: int) -> str | None:
-    """Why the GPU MLA kernel cannot lower for this shape, or None."""
-    for name, d in (("kv_lora_rank", kv_lora_rank), ("qk_rope_head_dim", rope_dim)):
-        if d < 16 or d != pow2(d):
-            return f"{name}={d}; the GPU kernel needs a power of two >= 16"
-    if kv_lora_rank % rope_dim:
-        return (f"kv_lora_rank={kv_lora_rank} is not a multiple of qk_rope_head_dim={rope_dim} "
-                "(the k_rope lanes are read as one block of the cache row)")
-    if page_size != pow2(page_size):
-        return f"page_size={page_size}; the GPU kernel needs a power of two"
-    return None
 
 
 def head_groups(num_heads: int) -> int:

@@ -24,55 +24,17 @@ from jax.experimental.pallas import tpu as pltpu
 
 from seer_jax.errors import InputError
 from seer_jax.pallas.attention_tpu import _dot_precision, prepare, unfold
-from seer_jax.pallas.cost_estimates import _record
+from seer_jax.pallas.cost_estimates import mla_cost
 from seer_jax.pallas.limits import (
     TPU_KV_BLOCK_TOKENS,
     TPU_KV_BUFFER_BYTES,
-    TPU_SMEM_PREFETCH_BYTES,
     tpu_block_q,
+    tpu_mla_problem,
 )
 from seer_jax.pallas.mla_layout import latent_pool_4d, padded_latent_bytes_per_token
 from seer_jax.pallas.tree import KERNEL_TREE_WINDOW
 
 NEG = -1e30
-
-
-def mla_cost(*, num_tokens: int, num_heads: int, kv_lora_rank: int, rope_dim: int,
-             dtype_bytes: int, max_seqs: int, pages_per_seq: int, page_size: int,
-             total_pages: int, block_q: int, kernel: str) -> pl.CostEstimate:
-    """Bound for full page tables (as `cost_estimates.attention_cost`): each sequence's pages
-    read once per q block it spans; 2 * (R + Dr) + 2 * R flops per (query head, key)."""
-    width = kv_lora_rank + rope_dim
-    table_tokens = min(max_seqs * pages_per_seq, total_pages) * page_size
-    attended = min(num_tokens * pages_per_seq * page_size,
-                   -(-num_tokens // max(1, max_seqs)) * total_pages * page_size)
-    num_blocks = -(-num_tokens // block_q)
-    reads = table_tokens * max(1, -(-num_blocks // max(1, min(num_blocks, max_seqs))))
-    q_out = num_tokens * num_heads * (width + kv_lora_rank) * dtype_bytes
-    return _record(pl.CostEstimate(
-        flops=2 * num_heads * (width + kv_lora_rank) * attended,
-        transcendentals=num_heads * attended,
-        bytes_accessed=reads * width * dtype_bytes + q_out), kernel)
-
-
-def tpu_mla_problem(*, kv_lora_rank: int, rope_dim: int, page_size: int, dtype_bytes: int,
-                    max_seqs: int, pages_per_seq: int, num_tokens: int,
-                    block_q: int) -> str | None:
-    """Why the TPU MLA kernel cannot lower for this shape, or None."""
-    if kv_lora_rank % 128:
-        return f"kv_lora_rank={kv_lora_rank}; the TPU kernel needs a multiple of 128"
-    if rope_dim % 64 and rope_dim % 128:
-        return f"qk_rope_head_dim={rope_dim}; the TPU kernel needs 64 or a multiple of 128"
-    sub = 16 if dtype_bytes == 2 else 8
-    if page_size % sub:
-        return (f"page_size={page_size} is not a multiple of {sub} (TPU {8 * dtype_bytes}-bit "
-                "tile rows; pages are copied into a tiled VMEM buffer)")
-    num_blocks = -(-max(num_tokens, 1) // block_q)
-    smem = 4 * (max_seqs * pages_per_seq + 2 * max_seqs + 1 + 2 * num_blocks + 1)
-    if smem > TPU_SMEM_PREFETCH_BYTES:
-        return (f"page table max_seqs={max_seqs} x pages_per_seq={pages_per_seq} needs {smem} "
-                f"bytes of scalar memory (limit {TPU_SMEM_PREFETCH_BYTES})")
-    return None
 
 
 def _kernel(

@@ -29,7 +29,7 @@ from jax.experimental.pallas import triton as pltriton
 
 from seer_jax.errors import InputError
 from seer_jax.pallas.checks import resolve_impl
-from seer_jax.pallas.cost_estimates import _record
+from seer_jax.pallas.cost_estimates import latent_write_cost
 from seer_jax.pallas.limits import TPU_SMEM_PREFETCH_BYTES, pow2
 from seer_jax.pallas.mla_layout import latent_pool_4d, tpu_tile_rows
 from seer_jax.pallas.mla_ref import write_latent_reference
@@ -54,13 +54,6 @@ def _check(latent_pages, new_latent, new_rope, slot_mapping, layer) -> None:
     if slot_mapping.shape != (new_latent.shape[0],):
         raise InputError(f"slot_mapping must be [{new_latent.shape[0]}], got "
                          f"{slot_mapping.shape}")
-
-
-def _cost(num_tokens: int, width: int, tile_rows: int, dtype_bytes: int, kernel: str):
-    """Each token: its row read, its tile read and written, its int32 slot."""
-    row = width * dtype_bytes
-    return _record(pl.CostEstimate(flops=0, transcendentals=0, bytes_accessed=num_tokens * (
-        row + 2 * tile_rows * row + 4)), kernel)
 
 
 def _clean_slots(slot_mapping, n_slots):
@@ -154,8 +147,9 @@ def write_latent_tpu(latent_pages, new_latent, new_rope, slot_mapping, *,
         grid_spec=grid_spec,
         out_shape=jax.ShapeDtypeStruct(pool.shape, pool.dtype),
         input_output_aliases={3: 0},  # operand indices count the scalar prefetch
-        cost_estimate=_cost(num_tokens, width, tile_rows, pool.dtype.itemsize,
-                            "seer_write_latent_tpu"),
+        cost_estimate=latent_write_cost(num_tokens=num_tokens, width=width,
+                                        tile_rows=tile_rows, dtype_bytes=pool.dtype.itemsize,
+                                        kernel="seer_write_latent_tpu"),
         interpret=pltpu.InterpretParams() if interpret else False,
         name="seer_write_latent_tpu",
     )(layer_arr, slots, new, pool)
@@ -199,7 +193,9 @@ def write_latent_gpu(latent_pages, new_latent, new_rope, slot_mapping, *,
         out_shape=jax.ShapeDtypeStruct(pool.shape, pool.dtype),
         input_output_aliases={4: 0},
         compiler_params=pltriton.CompilerParams(num_warps=1, num_stages=1),
-        cost_estimate=_cost(num_tokens, width, 0, pool.dtype.itemsize, "seer_write_latent_gpu"),
+        cost_estimate=latent_write_cost(num_tokens=num_tokens, width=width, tile_rows=0,
+                                        dtype_bytes=pool.dtype.itemsize,
+                                        kernel="seer_write_latent_gpu"),
         interpret=interpret,
         name="seer_write_latent_gpu",
     )(slots, layer_arr, new_c, new_r, pool)
