@@ -5,10 +5,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import pathlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from seer_jax.errors import ConfigError, SeerError
-from seer_jax.model.mla_config import MlaConfig
+
+if TYPE_CHECKING:  # a field's type only (annotations are not evaluated)
+    from seer_jax.model.mla_config import MlaConfig
 
 # architecture name -> (q/k/v bias, q/k RMSNorm)
 ARCHITECTURES: dict[str, tuple[bool, bool]] = {
