@@ -247,3 +247,18 @@ def test_sharded_mla_equals_unsharded(tp, impl):
         mesh, *a, sm_scale=SCALE, tree_parents=_tree(b), impl=impl, interpret=True,
         layer=1))(args[0], args[1], got_cache, *args[3:])
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-5, rtol=0)
+
+
+@pytest.mark.exhaustive
+def test_tree_beyond_kernel_window_is_nan_not_wrong():
+    # nodes 2..37 chain below node 1 (node 0 a second root): from node 33 on, node 1 is an
+    # ancestor more than 31 tokens back and off the leading chain, which the kernels' per-token
+    # mask cannot encode; they return NaN for those tokens, never a wrong answer
+    par = [-1, -1] + list(range(1, 37))
+    b = make_mla_batch([(38, 40)], num_heads=2, kv_lora_rank=32, rope_dim=16, page_size=16,
+                       trees={0: par})
+    out = np.asarray(ragged_paged_mla_attention(*_args(b), sm_scale=SCALE, tree_parents=_tree(b),
+                                                impl="gpu", interpret=True))
+    ref = _ref(b)
+    assert np.isnan(out[33:]).all() and np.isfinite(ref).all()
+    np.testing.assert_allclose(out[:33], ref[:33], atol=1e-5, rtol=0)
