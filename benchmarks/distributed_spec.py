@@ -202,11 +202,12 @@ def main(args, random_workload=None) -> int:
         from seer_jax.model import load
         from seer_jax.rollout.api import build_prompts
         from seer_jax.rollout.config import default_config
+        from seer_jax.rollout.settings import PromptSettings
 
         cfg, params, tok = load("smollm2")
         c = default_config()
         c.num_prompts = args.groups
-        prompts, _ = build_prompts(c, tok)
+        prompts, _ = build_prompts(PromptSettings.from_config(c), tok)
         weights = "smollm2"  # each actor loads it
         sampling = SamplingParams(temperature=args.temperature, seed=0)
         model_name = ("smollm2-135m (natural prompts, chat template, temperature "

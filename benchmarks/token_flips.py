@@ -43,6 +43,7 @@ def main(argv=None) -> int:
     from seer_jax.provenance import run_info
     from seer_jax.rollout.api import build_prompts
     from seer_jax.rollout.core.controller_config import request_seed
+    from seer_jax.rollout.settings import PromptSettings
 
     c = load_config_file(args.config, overrides)
     if c.temperature != 1.0 or c.top_p != 1.0 or c.top_k != 0:
@@ -54,7 +55,7 @@ def main(argv=None) -> int:
             o = json.loads(line)
             by_req[o["request_id"]][o["policy"]] = o["token_ids"]
     cfg, params, tok = load(c.model, c.dtype)
-    prompts, _ = build_prompts(c, tok)
+    prompts, _ = build_prompts(PromptSettings.from_config(c), tok)
 
     def scores(rid: str, prefix: list[int], pos: int):
         gi, j = (int(x) for x in rid[1:].split("/"))

@@ -114,3 +114,89 @@ def model_case(kernel: str, *, num_heads: int, num_kv_heads: int, head_dim: int,
     than tp are repeated, one per shard, as the engine's cache holds them)."""
     kv = max(1, num_kv_heads // tp)
     return KernelCase(kernel, num_heads // tp, kv, head_dim, dtype, page_size)
+
+
+MLA_KERNELS = ("mla_write", "mla_decode", "mla_mixed", "mla_tree")
+
+
+@dataclasses.dataclass(frozen=True)
+class MlaCase:
+    """One MLA kernel compile at one shard's shapes: `heads` query heads (the model's heads over
+    tp); the latent cache [num_layers, pages, page_size, kv_lora_rank + rope_dim] is whole on
+    every shard. Batch shapes as in `KernelCase`."""
+
+    kernel: str
+    heads: int
+    kv_lora_rank: int
+    rope_dim: int
+    dtype: str
+    page_size: int
+    num_layers: int = 2
+    num_pages: int = 256
+    max_seqs: int = 8
+    pages_per_seq: int = 16
+    num_tokens: int = 64
+    tree_size: int = 4
+
+    def __post_init__(self) -> None:
+        if self.kernel not in MLA_KERNELS:
+            raise ConfigError(f"kernel={self.kernel!r}; allowed: {', '.join(MLA_KERNELS)}")
+        if self.dtype not in DTYPES:
+            raise ConfigError(f"dtype={self.dtype!r}; allowed: {', '.join(DTYPES)}")
+
+    @property
+    def label(self) -> str:
+        batch = (self.num_layers, self.num_pages, self.max_seqs, self.pages_per_seq,
+                 self.num_tokens)
+        big = "" if batch == (2, 256, 8, 16, 64) else "-L{}-P{}-seqs{}x{}-t{}".format(*batch)
+        return (f"{self.kernel}-h{self.heads}-r{self.kv_lora_rank}-rope{self.rope_dim}"
+                f"-{self.dtype}-s{self.page_size}{big}")
+
+
+def lower_mla_kernel(case: MlaCase, target_name: str):
+    """The lowered MLA kernel call of `case` on one device of the target (the whole latent
+    cache, row-major, a traced layer index; the cache donated to the write)."""
+    from jax.experimental.layout import Format
+    from jax.experimental.layout import Layout as DeviceLayout
+
+    from seer_jax.pallas.mla import ragged_paged_mla_attention
+    from seer_jax.pallas.mla_layout import latent_cache_shape
+    from seer_jax.pallas.mla_write import write_latent
+
+    target = get_target(target_name)
+    dev = devices(target.name, 1)[0]
+    sh = jax.sharding.SingleDeviceSharding(dev)
+    dt = DTYPES[case.dtype]
+    impl = target.platform
+    fmt = Format(DeviceLayout(major_to_minor=(0, 1, 2, 3)), sh)
+    pool = _abstract(latent_cache_shape(case.num_layers, case.num_pages, case.page_size,
+                                        case.kv_lora_rank, case.rope_dim), dt, fmt)
+    layer = _abstract((), jnp.int32, sh)
+    i32 = lambda *shape: _abstract(shape, jnp.int32, sh)
+    if case.kernel == "mla_write":
+        @functools.partial(jax.jit, donate_argnums=0, out_shardings=fmt)
+        def write(cache, c, r, slots, layer):
+            return write_latent(cache, c, r, slots, impl=impl, layer=layer)
+
+        return write.lower(pool, _abstract((case.num_tokens, case.kv_lora_rank), dt, sh),
+                           _abstract((case.num_tokens, case.rope_dim), dt, sh),
+                           i32(case.num_tokens), layer)
+    num_tokens = {"mla_decode": case.max_seqs, "mla_mixed": case.num_tokens,
+                  "mla_tree": case.max_seqs * case.tree_size}[case.kernel]
+    with_tree = case.kernel == "mla_tree"
+
+    @jax.jit
+    def attend(ql, qr, cache, kv_lens, pages, cu, num, layer, parents):
+        return ragged_paged_mla_attention(
+            ql, qr, cache, kv_lens, pages, cu, num, sm_scale=0.1, impl=impl, layer=layer,
+            tree_parents=parents if with_tree else None)
+
+    return attend.lower(_abstract((num_tokens, case.heads, case.kv_lora_rank), dt, sh),
+                        _abstract((num_tokens, case.heads, case.rope_dim), dt, sh), pool,
+                        i32(case.max_seqs), i32(case.max_seqs, case.pages_per_seq),
+                        i32(case.max_seqs + 1), i32(), layer, i32(num_tokens))
+
+
+def compile_mla_kernel(case: MlaCase, target_name: str):
+    """Compile `case` for the target with its own compiler (Mosaic; Triton and ptxas)."""
+    return lower_mla_kernel(case, target_name).compile()

@@ -5,9 +5,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import pathlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from seer_jax.errors import ConfigError, SeerError
+
+if TYPE_CHECKING:  # a field's type only (annotations are not evaluated)
+    from seer_jax.model.mla_config import MlaConfig
 
 # architecture name -> (q/k/v bias, q/k RMSNorm)
 ARCHITECTURES: dict[str, tuple[bool, bool]] = {
@@ -51,6 +54,8 @@ class ModelConfig:
     tie_word_embeddings: bool = False
     qkv_bias: bool = False
     qk_norm: bool = False
+    # multi-head latent attention (None: per-head K/V); its cache holds latent rows
+    mla: MlaConfig | None = None
     max_position_embeddings: int = 2048
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
@@ -74,6 +79,8 @@ class ModelConfig:
                 f"model config num_heads={self.num_heads} is not a multiple of "
                 f"num_kv_heads={self.num_kv_heads}"
             )
+        if self.mla is not None:
+            self.mla.validate()
         if self.dtype not in DTYPES:
             raise ConfigError(f"model config dtype={self.dtype!r}: allowed {DTYPES}")
         if self.rope_theta <= 0:
@@ -96,11 +103,18 @@ class ModelConfig:
 
         itemsize = 4.0 if self.dtype == "float32" else 2.0
         n = float(self.num_params())
-        return ModelSpec(name, n, n, n, self.num_layers, self.num_heads, self.head_dim,
-                         2 * self.num_kv_heads * self.head_dim, itemsize, itemsize)
+        if self.mla is not None:  # absorbed attention: every head scores the latent rows
+            head_dim = kv_elems = self.mla.cache_width
+        else:
+            head_dim, kv_elems = self.head_dim, 2 * self.num_kv_heads * self.head_dim
+        return ModelSpec(name, n, n, n, self.num_layers, self.num_heads, head_dim, kv_elems,
+                         itemsize, itemsize)
 
     def kv_bytes_per_token(self) -> int:
+        """Cached bytes per token over all layers: K and V, or MLA's latent rows."""
         itemsize = 4 if self.dtype == "float32" else 2
+        if self.mla is not None:
+            return self.mla.cache_bytes_per_token(self.num_layers, itemsize)
         return 2 * self.num_layers * self.kv_size * itemsize
 
     def num_params(self) -> int:

@@ -77,3 +77,30 @@ def write_cost(*, num_tokens: int, num_kv_heads: int, head_dim: int,
     row_bytes = num_tokens * 2 * num_kv_heads * head_dim * dtype_bytes
     return _record(pl.CostEstimate(flops=0, transcendentals=0,
                                    bytes_accessed=2 * row_bytes + 4 * num_tokens), kernel)
+
+
+def mla_cost(*, num_tokens: int, num_heads: int, kv_lora_rank: int, rope_dim: int,
+             dtype_bytes: int, max_seqs: int, pages_per_seq: int, page_size: int,
+             total_pages: int, block_q: int, kernel: str) -> pl.CostEstimate:
+    """Bound for full page tables (as `cost_estimates.attention_cost`): each sequence's pages
+    read once per q block it spans; 2 * (R + Dr) + 2 * R flops per (query head, key)."""
+    width = kv_lora_rank + rope_dim
+    table_tokens = min(max_seqs * pages_per_seq, total_pages) * page_size
+    attended = min(num_tokens * pages_per_seq * page_size,
+                   _cdiv(num_tokens, max(1, max_seqs)) * total_pages * page_size)
+    num_blocks = _cdiv(num_tokens, block_q)
+    reads = table_tokens * max(1, _cdiv(num_blocks, max(1, min(num_blocks, max_seqs))))
+    q_out = num_tokens * num_heads * (width + kv_lora_rank) * dtype_bytes
+    return _record(pl.CostEstimate(
+        flops=2 * num_heads * (width + kv_lora_rank) * attended,
+        transcendentals=num_heads * attended,
+        bytes_accessed=reads * width * dtype_bytes + q_out), kernel)
+
+
+def latent_write_cost(*, num_tokens: int, width: int, tile_rows: int, dtype_bytes: int,
+                      kernel: str) -> pl.CostEstimate:
+    """Latent write: each token's row read, written (and on TPU its tile of `tile_rows` rows
+    read and written whole), plus its int32 slot."""
+    row = width * dtype_bytes
+    return _record(pl.CostEstimate(flops=0, transcendentals=0, bytes_accessed=num_tokens * (
+        2 * row + 2 * tile_rows * row + 4)), kernel)

@@ -99,3 +99,36 @@ def gpu_write_kv_problem(*, head_dim: int) -> str | None:
     if head_dim != pow2(head_dim):
         return f"head_dim={head_dim}; the GPU KV write needs a power of two"
     return None
+
+
+def tpu_mla_problem(*, kv_lora_rank: int, rope_dim: int, page_size: int, dtype_bytes: int,
+                    max_seqs: int, pages_per_seq: int, num_tokens: int,
+                    block_q: int) -> str | None:
+    """Why the TPU MLA kernel cannot lower for this shape, or None."""
+    if kv_lora_rank % 128:
+        return f"kv_lora_rank={kv_lora_rank}; the TPU kernel needs a multiple of 128"
+    if rope_dim % 64 and rope_dim % 128:
+        return f"qk_rope_head_dim={rope_dim}; the TPU kernel needs 64 or a multiple of 128"
+    sub = 16 if dtype_bytes == 2 else 8
+    if page_size % sub:
+        return (f"page_size={page_size} is not a multiple of {sub} (TPU {8 * dtype_bytes}-bit "
+                "tile rows; pages are copied into a tiled VMEM buffer)")
+    num_blocks = -(-max(num_tokens, 1) // block_q)
+    smem = 4 * (max_seqs * pages_per_seq + 2 * max_seqs + 1 + 2 * num_blocks + 1)
+    if smem > TPU_SMEM_PREFETCH_BYTES:
+        return (f"page table max_seqs={max_seqs} x pages_per_seq={pages_per_seq} needs {smem} "
+                f"bytes of scalar memory (limit {TPU_SMEM_PREFETCH_BYTES})")
+    return None
+
+
+def gpu_mla_problem(*, kv_lora_rank: int, rope_dim: int, page_size: int) -> str | None:
+    """Why the GPU MLA kernel cannot lower for this shape, or None."""
+    for name, d in (("kv_lora_rank", kv_lora_rank), ("qk_rope_head_dim", rope_dim)):
+        if d < 16 or d != pow2(d):
+            return f"{name}={d}; the GPU kernel needs a power of two >= 16"
+    if kv_lora_rank % rope_dim:
+        return (f"kv_lora_rank={kv_lora_rank} is not a multiple of qk_rope_head_dim={rope_dim} "
+                "(the k_rope lanes are read as one block of the cache row)")
+    if page_size != pow2(page_size):
+        return f"page_size={page_size}; the GPU kernel needs a power of two"
+    return None

@@ -102,11 +102,9 @@ def test_mooncake_config_keys(monkeypatch):
 
 def test_a_run_without_a_master_address_starts_a_loopback_master(master):
     from seer_jax.rollout.api import _KVPools
-    from seer_jax.rollout.config import default_config
+    from seer_jax.rollout.settings import PoolSettings
 
-    c = default_config()
-    c.kv_pool = "mooncake"
-    pools = _KVPools(c)
+    pools = _KVPools(PoolSettings(kind="mooncake"))
     try:
         pool = pools.inprocess_pool()
         assert isinstance(pool, MooncakeKVPool) and pool.config.master == pools.master.config.master

@@ -36,11 +36,12 @@ its capacity, so an instance that admits by free pages never preempts.
 
 Entry points: `rollout(...)` (build + drive + report in one call) or, for custom drivers,
 `Controller` (`start`, `dispatch`, `on_chunk_result`, `on_instance_lost`, `done`, `results`).
+The requests' own bookkeeping (built from the groups, ended chunks accounted, restored tokens,
+the responses) is `seer_jax.rollout.core.requests`; this module decides where chunks run.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -48,9 +49,15 @@ from typing import Any
 from seer_jax.errors import ConfigError, InputError, SeerError
 from seer_jax.rollout.core.controller_config import ControllerConfig, request_seed
 from seer_jax.rollout.core.instance import Instance, InstanceLostError, KVPool
-from seer_jax.rollout.core.journal import RequestRecord, add_segment
+from seer_jax.rollout.core.journal import RequestRecord
 from seer_jax.rollout.core.placement import InstanceSlot, choose_instance, least_loaded_order
-from seer_jax.rollout.core.policies import POLICIES, GroupState, Policy, RequestState, make_policy
+from seer_jax.rollout.core.policies import POLICIES, Policy, RequestState, make_policy
+from seer_jax.rollout.core.requests import (
+    account_chunk,
+    build_groups,
+    response_result,
+    restore_tokens,
+)
 from seer_jax.rollout.core.results import ControllerStats, JournalSink, ProgressFn, ResponseResult
 from seer_jax.rollout.core.types import (
     ChunkRequest,
@@ -149,33 +156,9 @@ class Controller:
             )
         capacity = max(s.total_pages * s.page_size for s in self.slots)
 
-        self.groups: list[GroupState] = []
-        self.requests: dict[str, RequestState] = {}
-        for gi, (gid, prompt) in enumerate(zip(group_ids, groups, strict=True)):
-            prompt = tuple(int(t) for t in prompt)
-            if not prompt:
-                raise InputError(f"group {gid!r} has an empty prompt")
-            if len(prompt) + max_tokens > capacity:
-                raise InputError(
-                    f"group {gid!r}: prompt ({len(prompt)} tokens) + max_tokens ({max_tokens}) "
-                    f"exceeds the largest instance KV capacity ({capacity} tokens)"
-                )
-            g = GroupState(group_id=gid, index=gi, max_tokens=max_tokens)
-            for j in range(group_size):
-                sp = sampling
-                if self.config.per_request_seeds:
-                    sp = dataclasses.replace(sampling, seed=request_seed(sampling.seed, gi, j))
-                r = RequestState(
-                    request_id=f"{gid}/{j}",
-                    group=g,
-                    sample_index=j,
-                    prompt_ids=prompt,
-                    sampling=sp,
-                    max_tokens=max_tokens,
-                )
-                g.requests.append(r)
-                self.requests[r.request_id] = r
-            self.groups.append(g)
+        self.groups, self.requests = build_groups(
+            groups, group_ids, group_size=group_size, max_tokens=max_tokens, sampling=sampling,
+            per_request_seeds=self.config.per_request_seeds, capacity=capacity)
         self.policy.bind(self.groups, self.policy.check_options(policy_options or {}))
         self.num_done = 0
         self.output_tokens = 0
@@ -306,27 +289,7 @@ class Controller:
         slot.in_flight -= 1
         slot.reserved_pages -= req.reserved_pages
         req.reserved_pages = 0
-        req.output_ids.extend(map(int, res.new_token_ids))
-        req.logprobs.extend(map(float, res.new_logprobs))
-        add_segment(req.weight_versions, self.weight_version, n)
-        req.num_chunks += 1
-        req.preemptions += res.preemptions
-        req.reprefill_tokens += res.reprefill_tokens
-        req.decode_steps += res.decode_steps
-        req.spec_proposed += res.spec_proposed
-        req.spec_accepted += res.spec_accepted
-        req.kv_bytes_imported += res.kv_bytes_imported
-        req.kv_bytes_exported += res.kv_bytes_exported
-        st = self.stats
-        st.chunks += 1
-        st.preemptions += res.preemptions
-        st.reprefill_tokens += res.reprefill_tokens
-        st.reprefill_chunks += int(res.reprefill_tokens > 0)
-        st.decode_steps += res.decode_steps
-        st.spec_proposed += res.spec_proposed
-        st.spec_accepted += res.spec_accepted
-        st.kv_bytes_imported += res.kv_bytes_imported
-        st.kv_bytes_exported += res.kv_bytes_exported
+        account_chunk(req, self.stats, res, self.weight_version)
         self.output_tokens += n
         if req.first_token_at is None and n > 0:
             first = res.first_token_at
@@ -407,18 +370,7 @@ class Controller:
         req = self.requests.get(rec.request_id)
         if req is None:
             raise InputError(f"restore: no request {rec.request_id!r} in this rollout")
-        n = len(rec.token_ids)
-        if n > req.max_tokens or (rec.logprobs and len(rec.logprobs) != n) or \
-                sum(k for _, k in rec.weight_versions) != n:
-            raise InputError(f"restore: {rec.request_id!r} has {n} tokens, {len(rec.logprobs)} "
-                             f"logprobs, weight-version segments {rec.weight_versions} "
-                             f"(max_tokens {req.max_tokens})")
-        req.output_ids = [int(t) for t in rec.token_ids]
-        req.logprobs = [float(x) for x in rec.logprobs]
-        req.weight_versions = [list(s) for s in rec.weight_versions]
-        req.num_chunks = rec.num_chunks
-        if sampling is not None:
-            req.sampling = sampling
+        restore_tokens(req, rec, sampling)
         if rec.finish_reason is None:
             req.kv_handle = kv_handle
             req.group.record_progress(req)
@@ -435,35 +387,8 @@ class Controller:
         `target_groups`, those of the complete groups only."""
         if not self.done:
             raise SeerError(f"rollout not finished: {self.num_requests - self.num_done} requests left")
-        out = []
-        for g in self.groups:
-            if g.num_finished < len(g.requests):
-                continue
-            for r in g.requests:
-                out.append(
-                    ResponseResult(
-                        request_id=r.request_id,
-                        group_id=g.group_id,
-                        group_index=g.index,
-                        sample_index=r.sample_index,
-                        prompt_ids=r.prompt_ids,
-                        token_ids=list(r.output_ids),
-                        logprobs=list(r.logprobs),
-                        finish_reason=r.finish_reason,
-                        submitted_at=r.submitted_at,
-                        first_scheduled_at=r.first_scheduled_at,
-                        first_token_at=r.first_token_at,
-                        finished_at=r.finished_at,
-                        num_chunks=r.num_chunks,
-                        instances=list(r.instances_visited),
-                        migrations=r.migrations,
-                        preemptions=r.preemptions,
-                        reprefill_tokens=r.reprefill_tokens,
-                        text=detokenize(list(r.output_ids)) if detokenize else None,
-                        weight_versions=[list(s) for s in r.weight_versions],
-                    )
-                )
-        return out
+        return [response_result(r, detokenize) for g in self.groups
+                if g.num_finished == len(g.requests) for r in g.requests]
 
     # ---- internals -----------------------------------------------------------------------------
     def _collect_progress(self) -> None:
@@ -547,7 +472,12 @@ class Controller:
     def _record_finished(self, req: RequestState) -> None:
         g = req.group
         g.record_finished(req)
-        self.complete_groups += g.num_finished == len(g.requests)
+        if g.num_finished == len(g.requests):
+            self.complete_groups += 1
+            for inst in self.instances:  # its draft contexts and prompt records can go
+                close = getattr(inst, "close_group", None)
+                if close is not None:
+                    close(g.group_id)
         self.policy.on_request_finished(req)
         self.num_done += 1
 

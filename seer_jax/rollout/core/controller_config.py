@@ -12,9 +12,9 @@ import numpy as np
 from seer_jax.errors import ConfigError
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class ControllerConfig:
-    """Controller settings (plain values, so an ml_collections config maps onto it).
+    """Controller settings (plain values, so an ml_collections config maps onto it; frozen).
 
     chunk_size: max new tokens per chunk (divided policies); >= 1.
     balance_threshold: in-flight spread (max - min chunks across instances) above which placement

@@ -1,0 +1,43 @@
+"""Step-time cost models for simulated instances.
+
+Two models share one interface, `step_time(batch_size, num_prefill_tokens, num_decode_tokens,
+kv_tokens_read) -> seconds` (the function `sim.instance.SimulatedInstance` takes):
+
+- `RooflineCostModel`: a roofline of one mesh slice (an instance). A step reads the weights it
+  touches plus the KV it attends over from HBM, and does 2·active_params FLOPs per token plus the
+  attention FLOPs; its time is the larger of bytes / HBM bandwidth and FLOPs / peak (each derated
+  by an achievable fraction), plus a fixed per-step overhead and a small per-sequence overhead.
+  Accelerator presets are per chip; a slice has `chips` of them.
+- `ProfileCostModel`: calibrated from a step-time profile measured on the real engine
+  (`seer-jax bench --profile`), see `StepProfile` for the JSON schema.
+
+Speculative decoding: a step that verifies `gamma` draft tokens for each of B sequences feeds
+B·(1+gamma) query tokens, each attending over its sequence's context, so
+`spec_step_time(B, gamma, kv) = step_time(B, 0, B·(1+gamma), kv)` (kv = context tokens summed over
+the batch, read once per step, not once per query).
+
+KV capacity: `kv_capacity_pages()` = (HBM of the slice × memory_utilization − weights stored) /
+(page_size × KV bytes per token × kv_replicas).
+"""
+
+from seer_jax.costs.presets import (
+    ACCELERATORS,
+    GIB,
+    MODELS,
+    AcceleratorSpec,
+    ModelSpec,
+    get_accelerator,
+    get_model,
+)
+from seer_jax.costs.profile import (
+    PROFILE_SCHEMA,
+    ProfileCostModel,
+    ProfilePoint,
+    StepProfile,
+    profile_from_cost_model,
+)
+from seer_jax.costs.roofline import RooflineCostModel
+
+__all__ = ["ACCELERATORS", "GIB", "MODELS", "PROFILE_SCHEMA", "AcceleratorSpec", "ModelSpec",
+           "ProfileCostModel", "ProfilePoint", "RooflineCostModel", "StepProfile",
+           "get_accelerator", "get_model", "profile_from_cost_model"]
