@@ -29,6 +29,9 @@ class ShardingRules:
     layers: str | None = None
     norm: str | None = None
     head_dim: str | None = None
+    # MoE experts stay replicated under plain tensor parallelism
+    experts: str | None = None
+    moe_mlp: str | None = None
 
     def mesh_axis(self, logical: str | None) -> str | None:
         return None if logical is None else getattr(self, logical)
