@@ -400,7 +400,7 @@ class ModelRunner:
 
     def set_params(self, params: Params) -> None:
         """New weights (stacked or per layer), held as `layer_weights` says."""
-        params = (split_layers(params) if self.layer_weights == "per_layer"
+        params = (split_layers(params, self.cfg) if self.layer_weights == "per_layer"
                   else stack_layers(params))
         if self._replicated is not None:
             # this process's arrays go to the mesh through the host: each process places its

@@ -81,6 +81,19 @@ def _layer_tensor(sub: str, arr: np.ndarray, per_expert: dict, per_layer_item) -
     return False
 
 
+def moe_layer_from_hf(moe: MoeConfig, tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """One MoE layer's params from its HF tensors (named as after "model.layers.<i>.": "mlp.gate.weight",
+    "mlp.experts.3.up_proj.weight" or the fused "mlp.experts.gate_up_proj", ...)."""
+    out: dict[str, np.ndarray] = {}
+    experts: dict[str, dict[int, np.ndarray]] = {}
+    for sub, arr in tensors.items():
+        if not _layer_tensor(sub, arr, experts, out.__setitem__):
+            raise SeerError(f"MoE layer tensor {sub!r} is not one this block uses")
+    for ours, by_index in experts.items():
+        out[ours] = np.stack([by_index[j] for j in range(moe.num_experts)])
+    return out
+
+
 def hf_tensors_to_params(cfg: ModelConfig, tensors: dict[str, np.ndarray]) -> Params:
     """Map HF-named tensors ([out, in] linear layout) to our params; check shapes and coverage.
     Per-expert tensors are stacked on an experts axis, then each layer key over the layers that
