@@ -176,7 +176,8 @@ def _sample_step(params, kv_all, batch, *, cfg, layout, plan, num_top, unroll=1)
     TRACE_COUNTS["step"] += 1
     attention = functools.partial(_paged_attention, layout=layout, plan=plan)
     logits, kv_all = forward(params, cfg, batch["tokens"], batch["positions"], kv_all, batch,
-                             attention, logits_index=batch["logits_index"], unroll=unroll)
+                             attention, logits_index=batch["logits_index"], unroll=unroll,
+                             expert_mesh=plan.expert_mesh)
     keys = request_keys(batch["seeds"], batch["gen_index"])
     toks, lps = sample_tokens(logits, keys, batch["temperature"], batch["top_p"], batch["top_k"])
     out = [toks, lps]
@@ -192,7 +193,8 @@ def _verify_step(params, kv_all, batch, *, cfg, layout, plan, unroll=1):
     TRACE_COUNTS["step"] += 1
     attention = functools.partial(_paged_attention, layout=layout, plan=plan)
     logits, kv_all = forward(params, cfg, batch["tokens"], batch["positions"], kv_all, batch,
-                             attention, logits_index=batch["logits_index"], unroll=unroll)
+                             attention, logits_index=batch["logits_index"], unroll=unroll,
+                             expert_mesh=plan.expert_mesh)
     nd, q = layout.n_dec, layout.q_dec
     keys = request_keys(batch["seeds"], batch["gen_index"])
     temp, top_p, top_k = batch["temperature"], batch["top_p"], batch["top_k"]

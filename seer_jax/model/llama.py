@@ -289,6 +289,7 @@ def forward(
     logits_index: jax.Array | None = None,
     unroll: int | bool = 1,
     return_routing: bool = False,
+    expert_mesh: Any = None,
 ) -> tuple[jax.Array, Any] | tuple[jax.Array, Any, jax.Array]:
     """One forward pass over N flat tokens.
 
@@ -296,7 +297,8 @@ def forward(
     once, an unrolled stack per layer). Per-layer params always run unrolled.
     Returns (logits [N or len(logits_index), vocab] float32, updated cache), and with
     `return_routing` the expert ids every MoE layer chose for every token
-    ([num_moe_layers, N, num_experts_per_tok] int32).
+    ([num_moe_layers, N, num_experts_per_tok] int32). `expert_mesh`: a mesh whose "tp" axis
+    splits the experts (expert parallelism under `shard_map`, `seer_jax.model.moe`).
     """
     dtype = jnp_dtype(cfg)
     N = tokens_n.shape[0]
@@ -320,7 +322,7 @@ def forward(
         x = x + attn.reshape(N, H * D).astype(dtype) @ lp["wo"]
         h = rms_norm(x, lp["mlp_norm"], cfg.rms_norm_eps)
         if kind == "moe":
-            out, ids = moe_mlp(h, lp, cfg.moe)
+            out, ids = moe_mlp(h, lp, cfg.moe, expert_mesh)
             return x + out, cache, ids
         x = x + (jax.nn.silu(h @ lp["w_gate"]) * (h @ lp["w_up"])) @ lp["w_down"]
         return x, cache, None

@@ -5,7 +5,14 @@
 expert and each expert's contiguous rows go through its SwiGLU MLP in one `jax.lax.ragged_dot`
 per projection (every token reaches every expert it chose; none is dropped or capped), then the
 outputs return to token order and are summed with the router weights. `moe_mlp` adds the shared
-experts. Parameters of one MoE layer (keys of a layer's params, `MOE_KEYS`):
+experts.
+
+Expert parallelism (`moe_mlp(..., mesh=)` on a mesh whose "tp" axis divides the experts): the
+experts are split over "tp" (`ShardingRules.experts`), tokens and routing stay replicated (decode-
+sized batches: every device sees all tokens), and under `shard_map` each device runs the rows of
+its own experts (a contiguous block of the expert-sorted rows) through one ragged_dot per
+projection; a `psum` over "tp" adds the devices' partial outputs. Attention keeps its tensor
+parallelism on the same devices. Parameters of one MoE layer (keys of a layer's params, `MOE_KEYS`):
   router      [embed, experts]               float32 logits
   router_bias [experts]                      the choice's score correction (sigmoid routers)
   we_gate, we_up [experts, embed, moe_mlp]; we_down [experts, moe_mlp, embed]
@@ -19,13 +26,17 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+from jax.sharding import Mesh
+from jax.sharding import PartitionSpec as P
 
 from seer_jax.model.moe_config import MoeConfig
 
+EP_AXIS = "tp"
+
 # key -> logical axes (without the leading "layers" axis)
 MOE_AXES: dict[str, tuple[str | None, ...]] = {
-    "router": ("embed", "experts"),
-    "router_bias": ("experts",),
+    "router": ("embed", None),  # replicated: every device routes every token
+    "router_bias": (None,),
     "we_gate": ("experts", "embed", "moe_mlp"),
     "we_up": ("experts", "embed", "moe_mlp"),
     "we_down": ("experts", "moe_mlp", "embed"),
@@ -108,10 +119,52 @@ def routed_experts(x_nd: jax.Array, weights_nk: jax.Array, ids_nk: jax.Array,
     return out.astype(x_nd.dtype)
 
 
-def moe_mlp(h_nd: jax.Array, lp: dict[str, Any], moe: MoeConfig) -> tuple[jax.Array, jax.Array]:
-    """One MoE MLP over N tokens: (output [N, d], chosen expert ids [N, k] int32)."""
+def expert_parallel(mesh: Mesh | None, num_experts: int) -> int:
+    """How many devices the experts split over (1: no expert parallelism)."""
+    ep = 1 if mesh is None else mesh.shape.get(EP_AXIS, 1)
+    return ep if ep > 1 and num_experts % ep == 0 else 1
+
+
+def routed_experts_ep(x_nd: jax.Array, weights_nk: jax.Array, ids_nk: jax.Array,
+                      lp: dict[str, Any], mesh: Mesh) -> jax.Array:
+    """`routed_experts` with the experts split over the mesh's "tp" axis (see the module doc)."""
+    N, k = ids_nk.shape
+    num_experts = lp["we_gate"].shape[0]
+    ep = mesh.shape[EP_AXIS]
+    local = num_experts // ep
+
+    def body(x, w, ids, w_gate, w_up, w_down):
+        order, sizes = sort_by_expert(ids, num_experts)
+        shard = jax.lax.axis_index(EP_AXIS)
+        first = shard * local
+        start = jnp.sum(jnp.where(jnp.arange(num_experts) < first, sizes, 0))
+        local_sizes = jax.lax.dynamic_slice_in_dim(sizes, first, local)
+        count = jnp.sum(local_sizes)
+        # this device's rows (its experts' block of the sorted pairs) first, the rest after
+        rows = (jnp.arange(N * k) + start) % (N * k)
+        pairs = order[rows]
+        y = expert_mlp(x[pairs // k], local_sizes, w_gate, w_up, w_down)
+        y = jnp.where((jnp.arange(N * k) < count)[:, None], y, 0)
+        y_nkd = jnp.zeros_like(y).at[pairs].set(y).reshape(N, k, -1)
+        part = jnp.sum(y_nkd.astype(jnp.float32) * w[:, :, None], axis=1)
+        return jax.lax.psum(part, EP_AXIS)
+
+    experts = P(EP_AXIS, None, None)
+    out = jax.shard_map(body, mesh=mesh, in_specs=(P(), P(), P(), experts, experts, experts),
+                        out_specs=P(), check_vma=False)(
+        x_nd, weights_nk, ids_nk, lp["we_gate"], lp["we_up"], lp["we_down"])
+    return out.astype(x_nd.dtype)
+
+
+def moe_mlp(h_nd: jax.Array, lp: dict[str, Any], moe: MoeConfig,
+            mesh: Mesh | None = None) -> tuple[jax.Array, jax.Array]:
+    """One MoE MLP over N tokens: (output [N, d], chosen expert ids [N, k] int32). With a `mesh`
+    whose "tp" axis divides the experts, the experts run expert-parallel over it."""
     weights, ids = route(h_nd, lp, moe)
-    out = routed_experts(h_nd, weights, ids, lp)
+    if expert_parallel(mesh, moe.num_experts) > 1:
+        out = routed_experts_ep(h_nd, weights, ids, lp, mesh)
+    else:
+        out = routed_experts(h_nd, weights, ids, lp)
     if moe.shared_intermediate_size:
         shared = (jax.nn.silu(h_nd @ lp["ws_gate"]) * (h_nd @ lp["ws_up"])) @ lp["ws_down"]
         if moe.shared_gate:

@@ -13,8 +13,9 @@ from seer_jax.model.config import ModelConfig, tiny_config
 from seer_jax.model.generate import full_forward
 from seer_jax.model.llama import flat_params, init_params, split_layers, stack_layers
 from seer_jax.model.loading import load_orbax, load_safetensors_dir, moe_layer_from_hf, save_orbax
-from seer_jax.model.moe import moe_mlp, route
+from seer_jax.model.moe import MOE_AXES, moe_mlp, route
 from seer_jax.model.moe_config import MoeConfig, deepseek_v3_moe_config
+from seer_jax.model.sharding import make_mesh, shard_params
 from seer_jax.rollout.core.types import SamplingParams
 
 torch = pytest.importorskip("torch")
@@ -73,10 +74,16 @@ def _hf_greedy(ref_model) -> list[list[int]]:
     return out
 
 
-def _engine_greedy(cfg, params, layer_weights: str) -> list[list[int]]:
+def _engine_greedy(cfg, params, layer_weights: str = "stacked", tp: int = 1) -> list[list[int]]:
     config = EngineConfig(num_pages=160, page_size=4, max_num_batched_tokens=48, max_num_seqs=8,
                           max_prefill_seqs=2, layer_weights=layer_weights)
-    engine = Engine(cfg, params, config, eos_ids=())
+    mesh = make_mesh(jax.devices()[:tp]) if tp > 1 else None
+    engine = Engine(cfg, params, config, mesh=mesh, eos_ids=())
+    if tp > 1:  # experts split over the devices, one expert-parallel MoE per layer
+        assert engine.runner.plan.expert_mesh is mesh
+        lp = engine.runner.params["layers"]
+        lp = lp[0] if isinstance(lp, tuple) else lp
+        assert lp["we_down"].addressable_shards[0].data.shape[-3] == cfg.moe.num_experts // tp
     for i, p in enumerate(PROMPTS):
         engine.add_request(str(i), p, NEW_TOKENS, SamplingParams(temperature=0.0))
     done = {}
@@ -97,6 +104,43 @@ def test_engine_greedy_equals_transformers_generate(checkpoints, kind):
     assert _engine_greedy(cfg, params, "stacked") == want
     if kind == "qwen2_moe":
         assert _engine_greedy(cfg, params, "per_layer") == want
+
+
+@pytest.mark.parametrize("tp, layer_weights", [pytest.param(2, "stacked", marks=pytest.mark.exhaustive),
+                                               (4, "stacked"),
+                                               pytest.param(2, "per_layer", marks=pytest.mark.exhaustive)])
+def test_expert_parallel_engine_is_token_identical(checkpoints, tp, layer_weights):
+    """Experts split over tp (attention tensor-parallel on the same devices): the same greedy
+    tokens as transformers (and so as tp 1)."""
+    _, path, ref_model = checkpoints("qwen3_moe")
+    cfg, params = load_safetensors_dir(path)
+    assert _engine_greedy(cfg, params, layer_weights, tp) == _hf_greedy(ref_model)
+
+
+@pytest.mark.parametrize("router, tp", [
+    ("softmax", 4), ("sigmoid_grouped_shared", 2),
+    pytest.param("softmax", 2, marks=pytest.mark.exhaustive),
+    pytest.param("sigmoid_grouped_shared", 4, marks=pytest.mark.exhaustive)])
+def test_expert_parallel_block_equals_one_device(router, tp):
+    if router == "softmax":
+        moe = MoeConfig(num_experts=8, num_experts_per_tok=2, expert_intermediate_size=16,
+                        norm_topk_prob=True)
+    else:
+        moe = MoeConfig(num_experts=16, num_experts_per_tok=4, expert_intermediate_size=16,
+                        scoring="sigmoid", norm_topk_prob=True, routed_scaling_factor=2.5,
+                        score_correction_bias=True, n_group=4, topk_group=2,
+                        shared_intermediate_size=16)
+    cfg = tiny_config(architecture="Qwen3MoeForCausalLM", qk_norm=True, num_layers=1, moe=moe)
+    lp = split_layers(init_params(cfg, seed=4), cfg)["layers"][0]
+    lp = {k: v for k, v in lp.items() if k in MOE_AXES}
+    x = np.random.RandomState(0).randn(24, cfg.hidden_size).astype(np.float32)
+    ref, ref_ids = moe_mlp(x, lp, moe)
+    mesh = make_mesh(jax.devices()[:tp])
+    sharded = shard_params({"layers": {k: v[None] for k, v in lp.items()}}, mesh)["layers"]
+    sharded = {k: v[0] for k, v in sharded.items()}
+    out, ids = jax.jit(moe_mlp, static_argnums=(2, 3))(x, sharded, moe, mesh)
+    np.testing.assert_allclose(np.asarray(out), np.asarray(ref), atol=1e-6, rtol=0)
+    assert np.array_equal(np.asarray(ids), np.asarray(ref_ids))
 
 
 def test_mixed_layers_split_stack_and_orbax(checkpoints, tmp_path):
