@@ -249,3 +249,44 @@ def test_checkpoint_missing_an_expert(checkpoints, tmp_path):
     save_file(tensors, str(tmp_path / "model.safetensors"))
     with pytest.raises(SeerError, match=r"layer 1 tensor 'we_down'.*missing \[5\]"):
         load_safetensors_dir(tmp_path)
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_routed_experts_equal_a_full_forward(checkpoints, overlap):
+    """Per generated token and MoE layer, the expert ids the engine's router chose (at the
+    position that produced the token) equal a full forward's over prompt + response."""
+    from seer_jax.model.generate import full_routing
+
+    _, path, _ = checkpoints("qwen3_moe")
+    cfg, params = load_safetensors_dir(path)
+    config = EngineConfig(num_pages=160, page_size=4, max_num_batched_tokens=16, max_num_seqs=8,
+                          max_prefill_seqs=2, overlap=overlap, return_routed_experts=True)
+    engine = Engine(cfg, params, config, eos_ids=())
+    prompts = PROMPTS[:4]
+    for i, p in enumerate(prompts):
+        engine.add_request(str(i), p, 10, SamplingParams(
+            temperature=0.0 if i % 2 else 1.0, seed=i, return_routed_experts=i != 3))
+    done = engine.run_until_done()
+    assert done["3"].routed_experts is None
+    for i, p in enumerate(prompts[:3]):
+        out = done[str(i)]
+        ids = np.asarray(out.routed_experts)
+        assert ids.shape == (10, 2, 2)  # tokens, MoE layers, experts per token
+        seq = np.array([p + out.token_ids[:-1]])
+        want = np.asarray(full_routing(params, cfg, seq))[0, len(p) - 1:]
+        assert np.array_equal(np.sort(ids, -1), np.sort(want, -1)), i
+
+
+def test_routed_experts_refused_where_unavailable(checkpoints):
+    from seer_jax.errors import InputError
+
+    with pytest.raises(ConfigError, match="return_routed_experts=True with speculation"):
+        EngineConfig(return_routed_experts=True, speculation=True).validate()
+    cfg = tiny_config()
+    with pytest.raises(ConfigError, match="no mixture-of-experts"):
+        Engine(cfg, init_params(cfg), EngineConfig(num_pages=16, return_routed_experts=True))
+    _, path, _ = checkpoints("qwen3_moe")
+    moe_cfg, params = load_safetensors_dir(path)
+    engine = Engine(moe_cfg, params, EngineConfig(num_pages=16))
+    with pytest.raises(InputError, match="return_routed_experts needs an engine"):
+        engine.add_request("a", [1, 2], 4, SamplingParams(return_routed_experts=True))
