@@ -1,4 +1,5 @@
-"""Test setup, before jax is imported: 8 fake CPU devices for sharding tests; a persistent
+"""Test setup, before jax is imported: 8 fake CPU devices for sharding tests; the engine's
+scatter-uniqueness check on; a persistent
 compilation cache shared by every process of a run (xdist workers, Ray actors, CLI
 subprocesses), so an executable the modules share (the tiny model's engine steps, the kernels)
 compiles once; and one Ray cluster per test process for the modules that need one."""
@@ -14,6 +15,9 @@ os.environ.setdefault("JAX_COMPILATION_CACHE_DIR",
                       os.path.join(tempfile.gettempdir(), f"seer_jax_tests_jax_cache_{os.getuid()}"))
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
+# every scatter the engine sends is checked for repeated indices (whose order TPUs and GPUs
+# leave unspecified); inherited by the processes the tests start
+os.environ.setdefault("SEER_CHECK_SCATTERS", "1")
 
 import jax  # noqa: E402
 

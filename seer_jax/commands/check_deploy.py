@@ -5,7 +5,8 @@ Without --compile: the mesh arithmetic and the memory budget from the model's di
 prefill, verify of draft trees) compiled for the config's chip (`mesh.chip`) by that chip's own
 compiler, on this host, and its per-device bytes from the compiler; a step that does not fit
 the device's HBM is an error naming the config, the bytes and the chip. Compiling needs the
-compiler wheels (`make test-hardware` builds an environment with them).
+compiler wheels: pip install 'seer-jax[hardware]' (`make test-hardware` builds an environment
+with them).
 """
 
 from __future__ import annotations

@@ -49,7 +49,9 @@ def run(args: argparse.Namespace) -> int:
     sampling = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
                               seed=args.seed)
     sampling.validate()
-    cfg, params, tok = load(args.model, args.dtype, args.tokenizer)
+    # token ids in and out need no tokenizer: without one only the text is left out
+    cfg, params, tok = load(args.model, args.dtype, args.tokenizer,
+                            tokenizer_required=args.prompt is not None)
     if args.prompt is not None:
         if tok is None:
             raise InputError("this model has no tokenizer: pass --tokenizer or use --prompt-ids")

@@ -19,6 +19,13 @@ in `rollout.backends.ray_draft_service`, plain objects in tests):
   replica's drafts lack another instance's token is `SyncConfig.max_lag_steps`. Verification is
   lossless: staleness costs acceptance, never tokens.
 
+A group is closed when its last request has finished (`close_groups`: the controller tells the
+shards and every replica); a closed group's late messages are dropped, so shard and replica
+memory return to what they held before the rollout. A message whose start lies beyond what a
+shard holds of its request (a gap: tokens lost with a shard) is held until the missing tokens
+arrive (a replica re-seeding a rebuilt shard sends them) and never appended out of place; a
+replica that pulls such a gap resyncs the group (pulls its log again from version 0).
+
 Every message carries the rollout's epoch: a shard reset for the next rollout (`reset(epoch)`)
 drops pushes and answers no pulls of another epoch, so a push still in flight from the last
 rollout (group ids repeat across rollouts) cannot enter the new one's logs.
@@ -68,7 +75,7 @@ class SyncConfig:
     shards: int = 1
     max_stale_steps: int = 1
     sync_every_steps: int = 1
-    pull_timeout_s: float = 30.0  # a pull waited for longer marks its shard down
+    pull_timeout_s: float = 30.0  # a pull (or a shard ping) waited for longer: the shard is down
 
     def validate(self, prefix: str = "draft_service.") -> SyncConfig:
         def bad(key, allowed):
@@ -82,9 +89,19 @@ class SyncConfig:
         if (not isinstance(self.sync_every_steps, int) or isinstance(self.sync_every_steps, bool)
                 or self.sync_every_steps < 1):
             bad("sync_every_steps", "allowed: an integer >= 1")
-        if not self.pull_timeout_s > 0:
-            bad("pull_timeout_s", "allowed: > 0 seconds")
+        t = self.pull_timeout_s
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 < t < float("inf"):
+            bad("pull_timeout_s", "allowed: a number of seconds > 0")
         return self
+
+    @classmethod
+    def from_mapping(cls, d: Mapping[str, Any], prefix: str = "draft_service.") -> SyncConfig:
+        """A validated SyncConfig of config keys (ConfigError naming an unknown or bad key)."""
+        keys = [f.name for f in dataclasses.fields(cls)]
+        unknown = sorted(set(d) - set(keys))
+        if unknown:
+            raise ConfigError(f"{prefix}{unknown[0]} is unknown; allowed keys: {', '.join(keys)}")
+        return cls(**d).validate(prefix)
 
     def max_lag_steps(self) -> int:
         """The most steps a replica's drafts can lack a token another instance generated, with
@@ -110,6 +127,8 @@ class DraftShard:
     def __init__(self, epoch: int = 0) -> None:
         self._logs: dict[str, list[DraftAppend]] = {}
         self._have: dict[str, dict[str | None, int]] = {}
+        self._held: dict[str, list[DraftAppend]] = {}  # messages past a gap, per group
+        self._closed: set[str] = set()  # groups closed in this epoch (late messages dropped)
         self.epoch = epoch  # the rollout this shard serves (`reset`)
         self.received = 0  # messages received
         self.bytes_received = 0
@@ -126,12 +145,35 @@ class DraftShard:
         self.bytes_received += message_bytes(appends)
         new = 0
         for msg in appends:
-            have = self._have.setdefault(msg.group_id, {})
-            cut = _novel(msg, have)
-            if cut is None:
+            if msg.group_id in self._closed:
                 continue
-            self._logs.setdefault(msg.group_id, []).append(cut)
-            new += len(cut.token_ids)
+            new += self._append(msg)
+        return new
+
+    def _append(self, msg: DraftAppend) -> int:
+        have = self._have.setdefault(msg.group_id, {})
+        cut = _novel(msg, have)
+        if cut is _GAP:
+            self._held.setdefault(msg.group_id, []).append(msg)
+            return 0
+        if cut is None:
+            return 0
+        self._logs.setdefault(msg.group_id, []).append(cut)
+        new = len(cut.token_ids)
+        held = self._held.get(msg.group_id)
+        while held:  # the gap before a held message may be filled now
+            ready = [m for m in held if m.request_id == msg.request_id
+                     and m.start <= have.get(m.request_id, 0)]
+            if not ready:
+                break
+            for m in ready:
+                held.remove(m)
+                part = _novel(m, have)
+                if part is not None and part is not _GAP:
+                    self._logs[msg.group_id].append(part)
+                    new += len(part.token_ids)
+        if held == []:
+            del self._held[msg.group_id]
         return new
 
     def sync(self, group_ids: Sequence[str], since: Mapping[str, int],
@@ -149,20 +191,29 @@ class DraftShard:
             out.append(GroupUpdate(gid, s, len(log), tuple(log[s:])))
         return out
 
-    def close_groups(self, group_ids: Sequence[str]) -> None:
+    def close_groups(self, group_ids: Sequence[str], epoch: int | None = None) -> None:
+        """Forget these groups (their rollout is done with them); their late appends are
+        dropped until the next `reset`. A call of another epoch than the shard's is ignored."""
+        if epoch is not None and epoch != self.epoch:
+            return
         for gid in group_ids:
             self._logs.pop(gid, None)
             self._have.pop(gid, None)
+            self._held.pop(gid, None)
+            self._closed.add(gid)
 
     def reset(self, epoch: int | None = None) -> None:
         """Empty the logs for the next rollout, `epoch` (default: the next one)."""
         self._logs.clear()
         self._have.clear()
+        self._held.clear()
+        self._closed.clear()
         self.epoch = self.epoch + 1 if epoch is None else epoch
 
     def stats(self) -> dict[str, int]:
         return {"groups": len(self._logs), "messages": sum(len(v) for v in self._logs.values()),
                 "tokens": sum(len(m.token_ids) for v in self._logs.values() for m in v),
+                "held": sum(len(v) for v in self._held.values()),
                 "received": self.received, "bytes_received": self.bytes_received,
                 "epoch": self.epoch, "stale_dropped": self.stale_dropped}
 
@@ -170,9 +221,14 @@ class DraftShard:
         return True
 
 
+_GAP: Any = object()  # `_novel`: the message starts past what is held of its request
+
+
 def _novel(msg: DraftAppend, have: dict[str | None, int]) -> DraftAppend | None:
     """The part of `msg` not in `have` yet (tokens per request, the prompt under None), with
-    `have` advanced; None when nothing is new. A prompt is set once."""
+    `have` advanced; None when nothing is new; `_GAP` (`have` unchanged) when it starts past
+    the end of what is held, so tokens would be missing between the two. A prompt is set
+    once."""
     n = have.get(msg.request_id, 0)
     if msg.request_id is None:
         if n or not len(msg.token_ids):
@@ -183,7 +239,9 @@ def _novel(msg: DraftAppend, have: dict[str | None, int]) -> DraftAppend | None:
     end = start + len(msg.token_ids)
     if end <= n or not len(msg.token_ids):
         return None
-    cut = max(0, n - start)  # start > n: a gap (tokens lost with a shard): appended anyway
+    if start > n:
+        return _GAP
+    cut = n - start
     have[msg.request_id] = end
     return DraftAppend(msg.group_id, msg.request_id, msg.token_ids[cut:], start + cut)
 
@@ -217,6 +275,7 @@ class ReplicaStats:
     pull_latency_s: float = 0.0  # issue -> applied, summed over pulls
     shard_failures: int = 0
     shards_replaced: int = 0
+    resyncs: int = 0  # groups pulled again from version 0 after a gap
 
 
 class SyncedReplica:
@@ -239,12 +298,15 @@ class SyncedReplica:
         self._versions: dict[str, int] = {}  # shard log version applied, per group
         self._active: dict[str, set[str]] = collections.defaultdict(set)
         self._group_of: dict[str, str] = {}
+        self._closed: set[str] = set()  # groups closed in this epoch
         self._outbox: list[list[DraftAppend]] = [[] for _ in links]
         self._pending: collections.deque = collections.deque()  # (step issued, shard, handle, t)
         self.stats = ReplicaStats()
 
     # ---- the DraftService surface the Speculator uses -------------------------------------------
     def append(self, group_id: str, request_id: str | None, token_ids) -> int:
+        if group_id in self._closed:
+            return 0  # a closed group's late tokens (no request of it runs any more)
         toks = [int(t) for t in token_ids]
         start = 0 if request_id is None else self._pos.get((group_id, request_id),
                                                            self._have(group_id, request_id))
@@ -269,11 +331,24 @@ class SyncedReplica:
         ctx = self._ctx.get(group_id)
         if ctx is not None:
             ctx.finish_request(request_id)
-        self._active[group_id].discard(request_id)
+        self._end_chunk(group_id, request_id)
 
     def close_group(self, group_id: str) -> None:
-        for d in (self._ctx, self._tokens, self._versions, self._active):
+        """Forget a group whose requests have all finished (late pulls and appends of it are
+        dropped until `clear`)."""
+        for d in (self._ctx, self._tokens, self._versions):
             d.pop(group_id, None)
+        for rid in self._active.pop(group_id, ()):
+            self._pos.pop((group_id, rid), None)
+            self._group_of.pop(rid, None)
+        for key in [k for k in self._pos if k[0] == group_id]:
+            del self._pos[key]
+        self._outbox = [[m for m in box if m.group_id != group_id] for box in self._outbox]
+        self._closed.add(group_id)
+
+    def close_groups(self, group_ids: Sequence[str]) -> None:
+        for gid in group_ids:
+            self.close_group(gid)
 
     # ---- the engine actor's hooks ---------------------------------------------------------------
     def start_request(self, group_id: str, request_id: str, prompt_ids: Sequence[int],
@@ -281,6 +356,7 @@ class SyncedReplica:
         """A chunk of a request starts here: the local context gets the tokens the chunk brings
         that it has not seen (a request migrated from an instance whose appends are not pulled
         yet), and the request's group is pulled while it runs."""
+        self._closed.discard(group_id)
         self._apply(DraftAppend.make(group_id, None, prompt_ids, 0))
         out = [int(t) for t in output_ids]
         have = self._have(group_id, request_id)
@@ -293,7 +369,17 @@ class SyncedReplica:
     def abort(self, request_id: str) -> None:
         gid = self._group_of.get(request_id)
         if gid is not None:
-            self._active[gid].discard(request_id)
+            self._end_chunk(gid, request_id)
+
+    def _end_chunk(self, group_id: str, request_id: str) -> None:
+        """A chunk ended here: its group is no longer pulled for it."""
+        reqs = self._active.get(group_id)
+        if reqs is not None:
+            reqs.discard(request_id)
+            if not reqs:
+                del self._active[group_id]
+        self._pos.pop((group_id, request_id), None)
+        self._group_of.pop(request_id, None)
 
     def before_step(self) -> None:
         """Apply the pulls that arrived; wait for those due (see module docstring)."""
@@ -363,7 +449,7 @@ class SyncedReplica:
         if epoch is not None:
             self.epoch = epoch
         for d in (self._ctx, self._tokens, self._pos, self._versions, self._active,
-                  self._group_of):
+                  self._group_of, self._closed):
             d.clear()
         self._outbox = [[] for _ in self.links]
         self._pending.clear()
@@ -378,9 +464,12 @@ class SyncedReplica:
         return len(self._tokens.get(group_id, {}).get(request_id, ()))
 
     def _apply(self, msg: DraftAppend) -> int:
-        """Apply the novel part of a message to the local context; returns its token count."""
+        """Apply the novel part of a message to the local context; returns its token count
+        (-1: a gap, nothing applied)."""
         reqs = self._tokens.setdefault(msg.group_id, {})
         cut = _novel(msg, {msg.request_id: len(reqs.get(msg.request_id, ()))})
+        if cut is _GAP:
+            return -1
         if cut is None:
             return 0
         ctx = self._ctx.get(msg.group_id)
@@ -398,12 +487,18 @@ class SyncedReplica:
 
     def _apply_updates(self, updates: Sequence[GroupUpdate]) -> None:
         for up in updates:
-            if up.group_id not in self._tokens and up.group_id not in self._active:
+            if up.group_id in self._closed or (up.group_id not in self._tokens
+                                               and up.group_id not in self._active):
                 continue  # closed meanwhile
             self.stats.bytes_pulled += message_bytes(up.appends)
+            gap = False
             for m in up.appends:
-                self.stats.remote_tokens += self._apply(m)
-            self._versions[up.group_id] = up.version
+                n = self._apply(m)
+                gap |= n < 0
+                self.stats.remote_tokens += max(n, 0)
+            # a gap (tokens this replica lacks before a message): pull the whole log again
+            self._versions[up.group_id] = 0 if gap else up.version
+            self.stats.resyncs += gap
 
     def _push_all(self) -> None:
         for k, msgs in enumerate(self._outbox):

@@ -228,13 +228,17 @@ class RequestRows:
             self._log_size += n
 
     def take_updates(self) -> tuple[bool, np.ndarray, np.ndarray]:
-        """What changed in `pages` since the last call: (whole table, or flat indices [k] int32
-        into pages.reshape(-1) with their values [k] int32); the log is emptied."""
+        """What changed in `pages` since the last call: (whole table, or distinct flat indices
+        [k] int32 into pages.reshape(-1), ascending, with their current values [k] int32); the
+        log is emptied."""
         whole = self._resized
-        idx = np.concatenate([i for i, _ in self._log]) if self._log else np.zeros(0, np.int32)
-        val = np.concatenate([v for _, v in self._log]) if self._log else np.zeros(0, np.int32)
+        # an entry written twice since the last sync (a row released and taken again) is sent
+        # once, with its current value: a scatter with repeated indices applies them in an
+        # unspecified order on TPU/GPU
+        idx = np.unique(np.concatenate([i for i, _ in self._log])) if self._log else np.zeros(0, np.int32)
+        val = self.pages.reshape(-1)[idx]
         self._resized, self._log, self._log_size = False, [], 0
-        return whole, idx, val
+        return whole, idx.astype(np.int32), val.astype(np.int32)
 
     def _grow(self) -> None:
         n = len(self.temperature)

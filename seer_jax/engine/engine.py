@@ -32,6 +32,10 @@ from seer_jax.model.llama import LAYER_WEIGHTS, Params
 from seer_jax.model.sampling_params import SamplingParams
 
 
+class RequestFinished(InputError):
+    """The request asked for (to export its KV) already finished; its output is on its way."""
+
+
 @dataclasses.dataclass(frozen=True)
 class EngineConfig:
     page_size: int = 16
@@ -103,6 +107,7 @@ class RequestMetrics:
     decode_steps: int = 0
     spec_proposed: int = 0
     spec_accepted: int = 0
+    finish_step: int = -1  # the engine step whose tokens ended the request
 
 
 @dataclasses.dataclass
@@ -156,6 +161,8 @@ class InFlight:
     pending: list[tuple[Request, int, int]]
     stats: StepStats
     t0: float
+    # the KV tokens each scheduled request counted into stats.kv_tokens
+    kv_counted: dict[str, int] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass
@@ -261,12 +268,22 @@ class Engine:
             self.spec.on_add(seq.group_id, prompt)
 
     def abort(self, request_id: str) -> RequestOutput | None:
+        """End a request: its output with the tokens committed so far ("abort"), or, when the
+        step drained first finished it, that output (then no later `step()` returns it); None
+        for an id this engine does not hold."""
         self.drain()
         seq = self.seqs.pop(request_id, None)
         if seq is None:
-            return None
+            return self._take_ready(request_id)
         self.scheduler.finish(seq)
         return self._output(seq, "abort")
+
+    def _take_ready(self, request_id: str) -> RequestOutput | None:
+        """Remove and return the drained output of request_id, if one waits for `step()`."""
+        for i, out in enumerate(self._ready):
+            if out.request_id == request_id:
+                return self._ready.pop(i)
+        return None
 
     def has_unfinished(self) -> bool:
         return bool(self.seqs) or self._inflight is not None or bool(self._ready)
@@ -284,6 +301,11 @@ class Engine:
         self.drain()
         seq = self.seqs.get(request_id)
         if seq is None:
+            done = next((o for o in self._ready if o.request_id == request_id), None)
+            if done is not None:
+                raise RequestFinished(
+                    f"request {request_id!r} finished ({done.finish_reason}) in the step just "
+                    f"committed; its output comes back from the next step(), it has no KV to export")
             raise InputError(f"unknown request id {request_id!r}")
         blob = seq.swapped if seq.swapped is not None else self.kv.blob(seq)
         if release:
@@ -360,6 +382,8 @@ class Engine:
         for seq in decode:
             seq.metrics.decode_steps += 1
         pending = [(seq, row, seq.reserve_token(row, step)) for seq, row in batch.rows]
+        kv_counted = {s.request_id: s.num_computed for s in decode}
+        kv_counted.update((s.request_id, s.num_computed) for s, _ in prefill)
         # prompts whose prefill this step completes are offered to their group-mates now: any
         # later step that reads the pages runs after this one on the device
         self._register_prefixes(prefill)
@@ -369,7 +393,7 @@ class Engine:
                           len(decode), 0.0, kv_tokens)
         self.step_stats.append(stats)
         self.step_count += 1
-        return InFlight(step, plan, launched, pending, stats, t0)
+        return InFlight(step, plan, launched, pending, stats, t0, kv_counted)
 
     def _commit_inflight(self, inflight: InFlight) -> list[RequestOutput]:
         """Bring a launched step's tokens to the host (one transfer) and commit them: append,
@@ -395,12 +419,36 @@ class Engine:
                 seq.metrics.first_token_time = now
             reason = self._finish_reason(seq, tok)
             if reason is not None:
-                finished.append(self._finish(seq, reason))
+                finished.append(self._finish(seq, reason, inflight.step))
+        if finished and self._inflight is not None and self._inflight is not inflight:
+            self._uncount(self._inflight, {o.request_id for o in finished})
         stats, rt = inflight.stats, self.runner.timings
         stats.device_s, stats.d2h_s, stats.wait_s = rt.device_s, rt.d2h_s, rt.wait_s
         stats.commit_s = time.perf_counter() - c0
         stats.duration_s = self.clock() - inflight.t0
         return finished
+
+    def _uncount(self, later: InFlight, ended: set[str]) -> None:
+        """Requests that ended in the step just committed were also scheduled in the `later`
+        step, already dispatched: their rows there compute nothing anyone reads. They are
+        taken out of that step's stats (what an emulated clock charges) and out of the
+        requests' step counts, so both equal what one step at a time gives."""
+        st = later.stats
+        for seq in later.plan.decode:
+            if seq.request_id in ended:
+                seq.metrics.num_steps -= 1
+                seq.metrics.decode_steps -= 1
+                st.batch_size -= 1
+                st.num_tokens -= 1
+                st.num_decode_tokens -= 1
+                st.kv_tokens -= later.kv_counted.get(seq.request_id, 0)
+        for seq, n in later.plan.prefill:
+            if seq.request_id in ended:
+                seq.metrics.num_steps -= 1
+                st.batch_size -= 1
+                st.num_tokens -= n
+                st.num_prefill_tokens -= n
+                st.kv_tokens -= later.kv_counted.get(seq.request_id, 0)
 
     def _register_prefixes(self, prefill: list[tuple[Request, int]]) -> None:
         """Offer the prompts whose prefill completed in this step to later requests."""
@@ -511,7 +559,7 @@ class Engine:
             if reason is not None:
                 if self.spec is not None:
                     self.spec.on_finish(seq.group_id, seq.request_id)
-                finished.append(self._finish(seq, reason))
+                finished.append(self._finish(seq, reason, self.step_count))
             elif drafts is not None:  # roll back pages the rejected draft nodes used
                 self.kv.trim(seq, seq.num_tokens)
         self._register_prefixes(prefill)
@@ -542,8 +590,9 @@ class Engine:
             out.append(d)
         return out if any(len(d) for d in out) else None
 
-    def _finish(self, seq: Request, reason: str) -> RequestOutput:
+    def _finish(self, seq: Request, reason: str, step: int) -> RequestOutput:
         seq.metrics.finish_time = self.clock()
+        seq.metrics.finish_step = step
         kv = None
         if seq.keep_kv and reason == "length":
             kv = self.kv.blob(seq)

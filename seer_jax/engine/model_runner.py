@@ -27,6 +27,7 @@ import collections
 import dataclasses
 import functools
 import math
+import threading
 import time
 
 import jax
@@ -46,6 +47,7 @@ from seer_jax.engine.attention_backend import (
 )
 from seer_jax.engine.batch import Layout, StepBatch, bucket, uses_cpu_decode
 from seer_jax.engine.cpu_attention import gather_pages, paged_decode_attention
+from seer_jax.engine.scatter_check import check_unique
 from seer_jax.model.config import ModelConfig
 from seer_jax.model.llama import (
     Params,
@@ -70,6 +72,10 @@ MAX_EXECUTABLES = 512
 # a new step waits for them first, so that XLA never compiles while a step executes in the
 # background (overlap leaves one step in flight per engine; compiles are rare)
 _IN_FLIGHT: collections.deque = collections.deque(maxlen=1024)
+# held while a step is looked up, compiled and dispatched: engines stepped on threads
+# (`ConcurrentDriver`) share the executable cache and the fence above, so no step is dispatched
+# while another thread compiles, and a shape is compiled once
+_STEP_LOCK = threading.RLock()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -436,6 +442,10 @@ class ModelRunner:
                self.kv_all.shape, str(self.kv_all.dtype), str(self.kv_all.sharding),
                tuple(sorted(d.id for d in self.kv_all.sharding.device_set)),
                jax.tree.structure(self.params))
+        with _STEP_LOCK:
+            return self._cached_executable(key, fn, dev, **static)
+
+    def _cached_executable(self, key, fn, dev: dict, **static):
         exe = _EXECUTABLES.get(key)
         if exe is not None:
             _EXECUTABLES.move_to_end(key)
@@ -466,6 +476,7 @@ class ModelRunner:
             table = jax.device_put(np.array(rows.pages), self._batch_sharding)
             rows.tracking = True
         elif len(idx):
+            check_unique("page table entries", idx)
             n = bucket(len(idx), 256)
             idx = np.pad(idx, (0, n - len(idx)), constant_values=rows.pages.size)
             val = np.pad(val, (0, n - len(val)))
@@ -500,20 +511,23 @@ class ModelRunner:
         `prev`: the launched step whose sampled tokens this batch reads (`batch.token_src`).
         wait_inputs: wait for the inputs' transfer (so that `timings.h2d_s` measures it)."""
         t0 = time.perf_counter()
+        check_unique("KV slots of the step's tokens", batch.slots)
         dev = self._device_batch(batch, prev)
         if wait_inputs:
             jax.block_until_ready(dev)
         t1 = time.perf_counter()
         kind = "verify" if batch.draft is not None and batch.draft.tokens is not None else "sample"
-        if kind == "verify":
-            exe = self._executable(_verify_step, dev, cfg=self.cfg, layout=batch.layout, plan=self.plan)
-        else:
-            extra = {"routed": True} if self.routed else {}
-            exe = self._executable(_sample_step, dev, cfg=self.cfg, layout=batch.layout,
-                                   plan=self.plan, num_top=num_top, **extra)
-        t2 = time.perf_counter()
-        self.kv_all, packed = exe(self.params, self.kv_all, dev)
-        _IN_FLIGHT.append(packed)
+        with _STEP_LOCK:
+            if kind == "verify":
+                exe = self._executable(_verify_step, dev, cfg=self.cfg, layout=batch.layout,
+                                       plan=self.plan)
+            else:
+                extra = {"routed": True} if self.routed else {}
+                exe = self._executable(_sample_step, dev, cfg=self.cfg, layout=batch.layout,
+                                       plan=self.plan, num_top=num_top, **extra)
+            t2 = time.perf_counter()
+            self.kv_all, packed = exe(self.params, self.kv_all, dev)
+            _IN_FLIGHT.append(packed)
         routed = (batch.layout.num_rows, *self.routed) if self.routed and kind == "sample" else None
         return Launched(kind, batch.layout, num_top, packed, h2d_s=t1 - t0,
                         dispatch_s=time.perf_counter() - t2, routed=routed)
@@ -549,6 +563,7 @@ class ModelRunner:
         """Copy the K/V at cache slots src to slots dst (all layers): compacts an accepted tree
         path into consecutive positions."""
         if src:
+            check_unique("accepted draft slots", dst)
             self.kv_all = self._move_slots(self.kv_all, self.device_input(src, jnp.int32),
                                            self.device_input(dst, jnp.int32))
 
@@ -556,6 +571,7 @@ class ModelRunner:
         if not pairs:
             return
         src = self.device_input([p[0] for p in pairs], jnp.int32)
+        check_unique("page copies", [p[1] for p in pairs])
         dst = self.device_input([p[1] for p in pairs], jnp.int32)
         self.kv_all = self._copy_pages(self.kv_all, src, dst)
 
@@ -574,6 +590,7 @@ class ModelRunner:
             k, v = np.repeat(k, self.kv_repeat, axis=1), np.repeat(v, self.kv_repeat, axis=1)
         L, H, n, D = k.shape
         S = self.page_size
+        check_unique("imported KV pages", pages)
         pad = len(pages) * S - n
         kv = interleave_kv(k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3))  # [L, n, 2H, D]
         kv = np.pad(kv, ((0, 0), (0, pad), (0, 0), (0, 0))).reshape(L, len(pages), S, 2 * H, D)

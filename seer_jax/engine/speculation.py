@@ -42,6 +42,13 @@ class Speculator:
         if finish is not None:
             finish(group_id, request_id)
 
+    def close_group(self, group_id: str) -> None:
+        """Every request of the group has finished: its context goes."""
+        self._prompted.discard(group_id)
+        close = getattr(self.service, "close_group", None)
+        if close is not None:
+            close(group_id)
+
     def propose(self, seqs, limits: list[int]) -> list[Draft] | None:
         """Drafts for the decode batch, or None when the budget turns speculation off.
         limits[i]: the most draft tokens sequence i may still use (tokens left in its budget)."""

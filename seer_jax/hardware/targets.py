@@ -91,17 +91,27 @@ def get_target(name: str) -> Target:
     return TARGETS[key]
 
 
+def _install_hint(what: str) -> str:
+    import importlib.metadata
+
+    jax_version = importlib.metadata.version("jax")
+    return (f"install the compilers with pip install 'seer-jax[hardware]' (from a checkout: pip "
+            f"install -e '.[hardware]'; about 6.5 GB), or only this platform's: pip install "
+            f"{what.format(jax=jax_version)}")
+
+
 def compilers_missing(platform: str) -> str:
-    """'' when this environment can compile for `platform` ("tpu" | "gpu"), else why not."""
+    """'' when this environment can compile for `platform` ("tpu" | "gpu"), else why not and
+    how to install what is missing."""
     if platform == "tpu":
         if importlib.util.find_spec("libtpu") is None:
-            return "libtpu is not installed (pip install \"jax[tpu]==<jax version>\")"
+            return "libtpu is not installed; " + _install_hint("'jax[tpu]=={jax}'")
         return ""
     if platform == "gpu":
         missing = [m for m in ("jax_cuda12_plugin", "absl") if importlib.util.find_spec(m) is None]
         if missing:
-            return (f"{', '.join(missing)} not installed (pip install \"jax[cuda12]==<jax "
-                    "version>\" absl-py)")
+            return (f"{', '.join(missing)} not installed; "
+                    + _install_hint("'jax[cuda12]=={jax}' absl-py"))
         return ""
     raise ConfigError(f"platform={platform!r}; allowed: tpu, gpu")
 

@@ -55,7 +55,7 @@ def default_config() -> ml_collections.ConfigDict:
     # each engine actor drafts from a local replica, pushing and pulling every sync_every_steps
     # steps and waiting for a pull only once it is max_stale_steps steps old
     c.draft_service = ml_collections.ConfigDict(dict(shards=1, max_stale_steps=1,
-                                                     sync_every_steps=1))
+                                                     sync_every_steps=1, pull_timeout_s=30.0))
     c.policies = "seer"  # the scheduling policy (one name)
     c.controller = ml_collections.ConfigDict(dataclasses.asdict(ControllerConfig(chunk_size=64)))
     c.policy = default_policy_options()  # policy.<name>.<option>
@@ -211,12 +211,7 @@ def draft_service_config(c: ml_collections.ConfigDict):
     """The `SyncConfig` of config.draft_service (ConfigError naming the key when bad)."""
     from seer_jax.drafting.replicated import SyncConfig
 
-    d = c.draft_service.to_dict()
-    unknown = sorted(set(d) - {"shards", "max_stale_steps", "sync_every_steps"})
-    if unknown:
-        raise ConfigError(f"config.draft_service.{unknown[0]} is unknown; allowed keys: shards, "
-                          "max_stale_steps, sync_every_steps")
-    return SyncConfig(**d).validate("config.draft_service.")
+    return SyncConfig.from_mapping(c.draft_service.to_dict(), "config.draft_service.")
 
 
 PLATFORM_RESOURCE = {"cpu": "CPU", "gpu": "GPU", "tpu": "TPU"}

@@ -180,8 +180,14 @@ def _refuse_pickle(path: pathlib.Path) -> None:
 
 
 def load_safetensors_dir(path: str | pathlib.Path, dtype: str = "float32") -> tuple[ModelConfig, Params]:
-    """Load a HF checkpoint directory: config.json + model.safetensors or a sharded index."""
-    from safetensors.numpy import load_file
+    """Load a HF checkpoint directory: config.json + model.safetensors or a sharded index.
+    Tensors of any stored dtype (bfloat16, float8 included); FP8 weights with block scales
+    (DeepSeek-V3's `quantization_config`) are dequantized on load."""
+    from seer_jax.model.safetensors_io import (
+        dequantize_checkpoint,
+        fp8_block_size,
+        read_safetensors,
+    )
 
     path = pathlib.Path(path)
     cfg = ModelConfig.from_hf_dir(path, dtype=dtype)
@@ -196,12 +202,14 @@ def load_safetensors_dir(path: str | pathlib.Path, dtype: str = "float32") -> tu
         if pickles:
             _refuse_pickle(pickles[0])
         raise SeerError(f"no *.safetensors files in {path}")
-    tensors: dict[str, np.ndarray] = {}
+    stored: dict[str, np.ndarray] = {}
     for f in files:
         if not f.is_file():
             raise SeerError(f"safetensors shard {f} listed in the index is missing")
-        for k, v in load_file(str(f)).items():
-            tensors[k] = v.astype(np.float32) if v.dtype != np.float32 else v
+        stored.update(read_safetensors(f))
+    block = fp8_block_size(json.loads((path / "config.json").read_text()))
+    tensors = {k: v if v.dtype == np.float32 else v.astype(np.float32)
+               for k, v in dequantize_checkpoint(stored, block).items()}
     return cfg, hf_tensors_to_params(cfg, tensors)
 
 

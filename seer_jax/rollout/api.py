@@ -103,7 +103,12 @@ def run_rollout(c: ml_collections.ConfigDict,
     from seer_jax.engine.engine import EngineConfig
     from seer_jax.model import load
 
-    cfg, params, tok = load(c.model, c.dtype)
+    try:
+        cfg, params, tok = load(c.model, c.dtype)
+    except BaseException:
+        if journal is not None:
+            journal.close()  # and its directory's lock
+        raise
     if prompts is None:
         prompts, _ = build_prompts(c, tok)
     sampling = SamplingParams(temperature=c.temperature, top_p=c.top_p, top_k=c.top_k, seed=c.seed)
@@ -128,8 +133,10 @@ def run_rollout(c: ml_collections.ConfigDict,
         res.pools = _KVPools(c)
         _run_policies(c, policies, catalog, progress, res, prompts, sampling, cfg, params, tok,
                       engine_cfg, eos, step_time, fault, outputs, step_logs)
-    except BaseException:  # no actor, pool or store outlives a failed run
+    except BaseException:  # no actor, pool, store or journal lock outlives a failed run
         res.close(quiet=True)
+        if journal is not None:
+            journal.close()
         raise
     res.close()
     run = _finish_run(c, policies, prompts, outputs, step_logs, res.kv_capacity)
@@ -297,18 +304,33 @@ def _open_journal(c: ml_collections.ConfigDict, resume):
         return None, None, None, None
     from seer_jax.model.hub import resolve_model
     from seer_jax.model.tokenizer import Tokenizer
-    from seer_jax.rollout.core.journal import JournalWriter, check_fingerprint, read_journal
+    from seer_jax.rollout.core.journal import (
+        JournalError,
+        JournalLock,
+        JournalWriter,
+        check_fingerprint,
+        read_journal,
+    )
     from seer_jax.rollout.resume import rollout_fingerprint
 
-    path = resolve_model(c.model)
-    tok = Tokenizer.load(path)
-    prompts, _ = build_prompts(c, tok)
-    fingerprint = rollout_fingerprint(c, prompts, path)
-    if not resume:
-        return JournalWriter(directory, fingerprint, fsync=c.journal_fsync), None, prompts, tok
-    state = read_journal(directory)
-    check_fingerprint(state.fingerprint, fingerprint, state.path)
-    return JournalWriter(directory, resume=state, fsync=c.journal_fsync), state, prompts, tok
+    if resume and not os.path.isdir(resume):
+        raise JournalError(f"no rollout journal in {os.fspath(resume)!r} (no such directory)")
+    lock = JournalLock(directory)  # before anything is read: one rollout per journal at a time
+    try:
+        path = resolve_model(c.model)
+        tok = Tokenizer.load(path)
+        prompts, _ = build_prompts(c, tok)
+        fingerprint = rollout_fingerprint(c, prompts, path)
+        if not resume:
+            return (JournalWriter(directory, fingerprint, fsync=c.journal_fsync, lock=lock), None,
+                    prompts, tok)
+        state = read_journal(directory)
+        check_fingerprint(state.fingerprint, fingerprint, state.path)
+        return (JournalWriter(directory, resume=state, fsync=c.journal_fsync, lock=lock), state,
+                prompts, tok)
+    except BaseException:
+        lock.release()
+        raise
 
 
 def _restored_run(c, policies, prompts, state, tok) -> RolloutRun:

@@ -106,9 +106,10 @@ def default_config() -> ml_collections.ConfigDict:
     # the draft service of backend "ray" (its shards are Ray actors; every engine actor drafts
     # from a local replica): groups hashed over `shards` actors; a replica pushes its tokens and
     # pulls the others' every `sync_every_steps` steps, and waits for a pull once it is
-    # `max_stale_steps` steps old (0 = every step waits: the service on the critical path)
+    # `max_stale_steps` steps old (0 = every step waits: the service on the critical path); a
+    # shard that does not answer a pull within `pull_timeout_s` seconds is down (and rebuilt)
     c.draft_service = ml_collections.ConfigDict(dict(shards=1, max_stale_steps=1,
-                                                     sync_every_steps=1))
+                                                     sync_every_steps=1, pull_timeout_s=30.0))
     # fault injection (backend "ray", speculation): kill the draft-service shard holding the
     # first group after N chunks ended (-1 = off); it is rebuilt from the controller's record
     # and the replicas
@@ -158,12 +159,7 @@ def draft_sync_config(c: ml_collections.ConfigDict):
     """The `SyncConfig` of `config.draft_service` (ConfigError naming the key when bad)."""
     from seer_jax.drafting.replicated import SyncConfig
 
-    d = c.draft_service.to_dict()
-    unknown = sorted(set(d) - {"shards", "max_stale_steps", "sync_every_steps"})
-    if unknown:
-        raise ConfigError(f"config.draft_service.{unknown[0]} is unknown; allowed keys: shards, "
-                          "max_stale_steps, sync_every_steps")
-    return SyncConfig(**d).validate("config.draft_service.")
+    return SyncConfig.from_mapping(c.draft_service.to_dict(), "config.draft_service.")
 
 
 def ray_backend_config(c: ml_collections.ConfigDict) -> RayBackendConfig:

@@ -2,7 +2,7 @@
 the responses and reports of policies a journal holds finished.
 
 What the fingerprint covers (a resume under a different value is refused, naming the key): the
-model (its name, dtype and the identity of its files), the prompts (source, count, chat template
+model (its name, dtype and a sha256 of its files' names and bytes), the prompts (source, count, chat template
 and a hash of their token ids), group size, max_tokens, sampling (temperature, top-p, top-k,
 seed, per-request seeds), the policies and speculation. What it leaves out may change between
 the crash and the resume, since it does not change any response: the deployment (backend,
@@ -24,28 +24,33 @@ from seer_jax.rollout.core.report import report_from_json
 from seer_jax.rollout.core.results import ResponseResult
 from seer_jax.rollout.core.run import RolloutOutput
 
-# files up to this size are hashed whole; larger ones by their size, first and last HASH_EDGE
-WHOLE_FILE_HASH = 256 << 20
-HASH_EDGE = 16 << 20
+# sha256 of a file's bytes, by (resolved path, inode, size, mtime_ns): a process that
+# fingerprints the same unchanged model again does not read it again
+_FILE_HASHES: dict[tuple, str] = {}
+
+
+def file_sha256(path: pathlib.Path) -> str:
+    """The sha256 of a file's bytes, streamed (cached while the file's stat is unchanged)."""
+    st = path.stat()
+    key = (str(path.resolve()), st.st_ino, st.st_size, st.st_mtime_ns)
+    if key not in _FILE_HASHES:
+        h = hashlib.sha256()
+        with open(path, "rb") as fh:
+            for block in iter(lambda: fh.read(8 << 20), b""):
+                h.update(block)
+        _FILE_HASHES[key] = h.hexdigest()
+    return _FILE_HASHES[key]
 
 
 def file_identity(path: str | os.PathLike) -> str:
-    """A sha256 over a model file or directory: every file's relative name and size, and its
-    bytes (for files over 256 MiB: the first and last 16 MiB)."""
+    """A sha256 over a model file or directory: every file's relative name, size and the
+    sha256 of all its bytes."""
     root = pathlib.Path(path)
     files = [root] if root.is_file() else sorted(p for p in root.rglob("*") if p.is_file())
     h = hashlib.sha256()
     for f in files:
-        size = f.stat().st_size
-        h.update(f"{f.relative_to(root) if f != root else f.name}\0{size}\0".encode())
-        with open(f, "rb") as fh:
-            if size <= WHOLE_FILE_HASH:
-                for block in iter(lambda: fh.read(1 << 20), b""):
-                    h.update(block)
-            else:
-                h.update(fh.read(HASH_EDGE))
-                fh.seek(size - HASH_EDGE)
-                h.update(fh.read(HASH_EDGE))
+        h.update(f"{f.relative_to(root) if f != root else f.name}\0{f.stat().st_size}\0"
+                 f"{file_sha256(f)}\0".encode())
     return h.hexdigest()[:32]
 
 

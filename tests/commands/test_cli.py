@@ -62,6 +62,65 @@ def test_prompt_longer_than_context(tmp_path, capsys):
     assert len(out["token_ids"]) == 4 and out["run"]["commit"] and "jax" in out["run"]["packages"]
 
 
+def write_tiny_hf_llama(out: pathlib.Path, seed: int = 0) -> None:
+    """A tiny random Llama checkpoint in the HF layout (config.json, model.safetensors) and no
+    tokenizer files."""
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    h, inter, layers, heads, kv, vocab = 64, 96, 2, 4, 2, 160
+    d = h // heads
+    rng = np.random.default_rng(seed)
+    w = lambda *shape: (0.1 * rng.standard_normal(shape)).astype(np.float32)
+    tensors = {"model.embed_tokens.weight": w(vocab, h), "model.norm.weight": 1 + w(h),
+               "lm_head.weight": w(vocab, h)}
+    for i in range(layers):
+        p = f"model.layers.{i}."
+        tensors.update({
+            p + "input_layernorm.weight": 1 + w(h), p + "post_attention_layernorm.weight": 1 + w(h),
+            p + "self_attn.q_proj.weight": w(heads * d, h), p + "self_attn.k_proj.weight": w(kv * d, h),
+            p + "self_attn.v_proj.weight": w(kv * d, h), p + "self_attn.o_proj.weight": w(h, heads * d),
+            p + "mlp.gate_proj.weight": w(inter, h), p + "mlp.up_proj.weight": w(inter, h),
+            p + "mlp.down_proj.weight": w(h, inter)})
+    out.mkdir(parents=True)
+    save_file(tensors, str(out / "model.safetensors"))
+    (out / "config.json").write_text(json.dumps({
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": h,
+        "intermediate_size": inter, "num_hidden_layers": layers, "num_attention_heads": heads,
+        "num_key_value_heads": kv, "vocab_size": vocab, "max_position_embeddings": 256,
+        "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "eos_token_id": 2,
+        "tie_word_embeddings": False, "torch_dtype": "float32"}))
+
+
+def test_generate_prompt_ids_on_a_checkpoint_without_a_tokenizer(tmp_path, capsys):
+    """Token ids in, token ids out (the model's greedy ones); no text without a tokenizer, and
+    a text prompt still needs one."""
+    from seer_jax.model.generate import generate
+    from seer_jax.model.loading import load_model
+
+    model = tmp_path / "m"
+    write_tiny_hf_llama(model)
+    assert main(["generate", "--model", str(model), "--prompt-ids", "5,6,7", "--max-tokens", "3",
+                 "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    cfg, params = load_model(model, "float32")
+    want = generate(params, cfg, [[5, 6, 7]], 3, eos_ids=tuple(cfg.eos_token_ids))[0]
+    assert out["token_ids"] == want.token_ids and out["text"] is None
+    assert main(["generate", "--model", str(model), "--prompt", "hi", "--max-tokens", "2"]) == 2
+    assert "has no tokenizer.json" in capsys.readouterr().err
+
+
+def test_check_deploy_without_compilers_says_how_to_install_them(capsys):
+    import importlib.util
+
+    if importlib.util.find_spec("libtpu") is not None:
+        pytest.skip("libtpu is installed here: --compile would compile")
+    config = pathlib.Path(__file__).resolve().parents[2] / "configs" / "tpu_v5p64_qwen25_7b.py"
+    assert main(["check-deploy", str(config), "--compile"]) == 2
+    err = capsys.readouterr().err
+    assert "libtpu is not installed" in err and "pip install 'seer-jax[hardware]'" in err
+
+
 def test_check_deploy_json_carries_the_layout_and_the_run(capsys):
     config = pathlib.Path(__file__).resolve().parents[2] / "configs" / "tpu_v5p64_qwen25_7b.py"
     assert main(["check-deploy", str(config), "--json"]) == 0

@@ -1,6 +1,7 @@
 """The sharded draft service and its replicas (no Ray: shards in this process): each token
 applied once whatever the order, stale replicas drafting from what they hold, a lost shard
-rebuilt from the replicas, and the `draft_service.*` config errors."""
+rebuilt from the replicas, token gaps held until filled, closed groups leaving nothing behind,
+and the `draft_service.*` config errors."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from seer_jax.drafting.replicated import (
     SyncedReplica,
     shard_of,
 )
+from seer_jax.drafting.service import GroupUpdate
 from seer_jax.errors import ConfigError
 
 
@@ -180,9 +182,122 @@ def test_lost_shard_replaced_is_rebuilt_from_the_replicas():
     assert all(r.down == set() and r.stats.shards_replaced == 1 for r in reps)
 
 
+def test_shard_holds_tokens_past_a_gap_until_the_gap_is_filled():
+    shard = DraftShard()
+    shard.append_batch([DraftAppend.make("g", None, [1, 2], 0), DraftAppend.make("g", "a", [4, 5], 0)])
+    # tokens 2..3 of request a are missing: 8, 9 (positions 4, 5) wait, never sit after 5
+    assert shard.append_batch([DraftAppend.make("g", "a", [8, 9], 4)]) == 0
+    assert shard.stats()["held"] == 1
+    (up,) = shard.sync(["g"], {"g": 0})
+    assert [m.token_ids.tolist() for m in up.appends if m.request_id == "a"] == [[4, 5]]
+    # the missing tokens arrive (a replica re-seeding a rebuilt shard): the held ones follow
+    assert shard.append_batch([DraftAppend.make("g", "a", [4, 5, 6, 7], 0)]) == 4
+    (up,) = shard.sync(["g"], {"g": 0})
+    got = [t for m in up.appends if m.request_id == "a" for t in m.token_ids.tolist()]
+    assert got == [4, 5, 6, 7, 8, 9] and shard.stats()["held"] == 0
+
+
+class _ScriptedLink:
+    """A shard link whose pulls answer the given updates; it records each pull's versions."""
+
+    def __init__(self, answers):
+        self.answers, self.since = list(answers), []
+
+    def push(self, appends, epoch):
+        pass
+
+    def pull(self, group_ids, since, epoch):
+        self.since.append(dict(since))
+        return self.answers.pop(0) if self.answers else [GroupUpdate(g, 0, 0, ()) for g in group_ids]
+
+    def poll(self, handle, wait, timeout_s):
+        return handle
+
+
+def test_replica_resyncs_a_group_whose_pull_has_a_gap():
+    prompt, a = DraftAppend.make("g", None, [1, 2], 0), DraftAppend.make("g", "a", [4, 5], 0)
+    gapped = DraftAppend.make("g", "a", [8, 9], 4)  # positions 2, 3 never sent
+    link = _ScriptedLink([[GroupUpdate("g", 0, 3, (prompt, a, gapped))],
+                          [GroupUpdate("g", 0, 4, (prompt, a, DraftAppend.make("g", "a", [6, 7], 2),
+                                                   gapped))]])
+    rep = SyncedReplica([link], SyncConfig(max_stale_steps=0))
+    rep.start_request("g", "b", [1, 2], [])
+    rep.after_step()
+    rep.before_step()
+    assert rep._tokens["g"]["a"] == [4, 5] and rep.stats.resyncs == 1  # 8, 9 not out of place
+    rep.after_step()
+    rep.before_step()
+    assert link.since == [{"g": 0}, {"g": 0}]  # the group was pulled again from the start
+    assert rep._tokens["g"]["a"] == [4, 5, 6, 7, 8, 9] and rep.stats.resyncs == 1
+
+
+def test_closed_groups_leave_shards_and_replicas_as_before_the_rollout():
+    groups = synthetic_groups(4, 2, 12, mix="structured", seed=4)
+    shards, reps = _replicas(2, shards=2)
+    baseline = [s.stats() for s in shards]
+    _run_lockstep(groups, reps, 12, owner=lambda g, i: i)
+    for g in groups:
+        for i in range(2):
+            reps[i].finish_request(g.group_id, f"r{i}")
+    last = [r._outbox[k][:] for r in reps for k in range(2)]  # a push still on its way
+    for g in groups:  # the controller closes every group once its last request finished
+        for s in shards:
+            s.close_groups([g.group_id])
+        for r in reps:
+            r.close_group(g.group_id)
+    for r in reps:
+        r.after_step()
+        r.before_step()
+    for s, msgs in zip(shards * 2, last, strict=True):
+        s.append_batch(msgs)  # late: dropped
+    for s, before in zip(shards, baseline, strict=True):
+        st = s.stats()
+        assert (st["groups"], st["messages"], st["tokens"], st["held"]) == (0, 0, 0, 0)
+        assert st["epoch"] == before["epoch"]
+    for r in reps:
+        assert not (r._ctx or r._tokens or r._pos or r._versions or r._active or r._group_of)
+        assert not any(r._outbox) and r.status()["groups"] == 0
+    reps[0].append(groups[0].group_id, "r0", [1])  # a late token of a closed group: dropped
+    assert not reps[0]._tokens and not any(reps[0]._outbox)
+
+
+@pytest.mark.exhaustive  # compiles a speculative engine (~35 s); the controller's side is in
+# tests/rollout/test_controller.py, the Ray backend's in tests/rollout/test_ray_speculation.py
+def test_inprocess_rollout_closes_every_group_it_ran():
+    """Every engine's speculator, the shared draft service and the instances forget each group
+    when its last request finishes: after the rollout they hold what they held before it."""
+    import dataclasses
+
+    import jax
+
+    from seer_jax.engine.speculation import Speculator
+    from seer_jax.rollout.backends.engine_instance import make_engine_instances
+    from seer_jax.rollout.backends.kv_pool import HostKVPool
+    from seer_jax.rollout.core.run import rollout
+    from seer_jax.rollout.core.types import SamplingParams
+    from tests.rollout.tiny_rollout import CFG, ENGINE, GROUPS, PARAMS
+
+    service = InProcessDraftService(keep_log=True)
+    specs = [Speculator(service) for _ in range(2)]
+    pool = HostKVPool()
+    insts = make_engine_instances(CFG, PARAMS, num_instances=2, tp=1,
+                                  engine_config=dataclasses.replace(ENGINE, num_pages=96,
+                                                                    speculation=True),
+                                  pool=pool, devices=jax.devices()[:2], speculators=specs)
+    out = rollout(GROUPS, group_size=2, max_tokens=12, instances=insts,
+                  sampling=SamplingParams(temperature=0.0), policy="seer", pool=pool,
+                  config={"chunk_size": 4})
+    assert len(out.results) == 2 * len(GROUPS)
+    assert service._groups == {} and service._logs == {} and service._versions == {}
+    assert all(s._prompted == set() for s in specs)
+    assert all(i._prompts == {} for i in insts)
+
+
 @pytest.mark.parametrize("key,value,allowed", [
     ("shards", 0, "an integer >= 1"), ("max_stale_steps", -1, "an integer >= 0"),
-    ("sync_every_steps", 0, "an integer >= 1"), ("shards", 1.5, "an integer >= 1")])
+    ("sync_every_steps", 0, "an integer >= 1"), ("shards", 1.5, "an integer >= 1"),
+    ("pull_timeout_s", 0, "a number of seconds > 0"),
+    ("pull_timeout_s", "30", "a number of seconds > 0")])
 def test_bad_sync_values_are_config_errors_naming_the_key(key, value, allowed):
     with pytest.raises(ConfigError, match=f"draft_service.{key}={value!r} is invalid: allowed: {allowed}"):
         SyncConfig(**{key: value}).validate()
@@ -193,6 +308,8 @@ def test_bad_sync_values_are_config_errors_naming_the_key(key, value, allowed):
     ("draft_service.max_stale_steps", -2, r"config.draft_service.max_stale_steps=-2 is invalid"),
     ("draft_service.sync_every_steps", 0, r"config.draft_service.sync_every_steps=0 is invalid"),
     ("draft_service.replicas", 2, r"config.draft_service.replicas is unknown; allowed keys"),
+    ("draft_service.pull_timeout_s", -1.0,
+     r"config.draft_service.pull_timeout_s=-1.0 is invalid: allowed: a number of seconds > 0"),
     ("fault_kill_draft_service_after_chunks", -3,
      r"fault_kill_draft_service_after_chunks=-3 is invalid: allowed: -1 \(off\) or an integer >= 0"),
 ])
@@ -209,6 +326,15 @@ def test_bad_draft_service_config_names_the_key(key, value, msg):
         node[leaf] = value
     with pytest.raises(ConfigError, match=msg):
         validate_config(c)
+
+
+def test_pull_timeout_is_a_config_key():
+    from seer_jax.rollout.config import default_config, draft_sync_config
+
+    c = default_config()
+    assert draft_sync_config(c).pull_timeout_s == 30.0
+    c.draft_service.pull_timeout_s = 5.0
+    assert draft_sync_config(c).pull_timeout_s == 5.0
 
 
 def test_speculation_is_allowed_on_ray_and_the_draft_fault_needs_it():

@@ -166,3 +166,108 @@ def test_output_lags_one_step_until_drained_and_abort_keeps_committed_tokens():
     assert out.token_ids == ref[1].token_ids[:len(out.token_ids)]
     rest = eng.run_until_done()
     assert list(rest) == ["a"] and rest["a"].token_ids == ref[0].token_ids
+
+
+def _until_last_token_in_flight(eng, rid):
+    """Step until request rid's last token is sampled by the step in flight."""
+    seq = eng.seqs[rid]
+    for _ in range(100):
+        if seq.num_new == seq.max_tokens and seq.num_committed_new == seq.max_tokens - 1:
+            return
+        assert not eng.step()
+    raise AssertionError("the request never reached its last token")
+
+
+def test_abort_of_a_request_the_drain_finishes_returns_its_output_once():
+    ref = generate(PARAMS, CFG, PROMPTS[:2], 6)
+    eng = Engine(CFG, PARAMS, BASE)
+    eng.add_request("a", PROMPTS[0], 6, GREEDY)
+    eng.add_request("b", PROMPTS[1], 6, GREEDY)
+    _until_last_token_in_flight(eng, "a")
+    out = eng.abort("a")  # the drain commits a's last token: a finished, not aborted
+    assert out.finish_reason == "length" and out.token_ids == ref[0].token_ids
+    assert eng.abort("a") is None
+    rest = eng.run_until_done()  # a is not returned again, and the next steps run
+    assert list(rest) == ["b"] and rest["b"].token_ids == ref[1].token_ids
+
+
+def test_export_of_a_request_the_drain_finishes_is_refused_and_its_output_kept():
+    from seer_jax.engine.engine import RequestFinished
+
+    eng = Engine(CFG, PARAMS, BASE)
+    eng.add_request("a", PROMPTS[0], 5, GREEDY)
+    _until_last_token_in_flight(eng, "a")
+    with pytest.raises(RequestFinished, match=r"request 'a' finished \(length\)"):
+        eng.export_kv("a")
+    out = eng.step()
+    assert [o.request_id for o in out] == ["a"] and len(out[0].token_ids) == 5
+
+
+def test_the_step_after_a_request_ends_is_not_counted_nor_charged():
+    """With overlap a request that ended in step N is also in step N+1 (dispatched before N's
+    tokens were known): its step counts and its instance's emulated clock equal what one step
+    at a time gives."""
+    from seer_jax.rollout.backends.engine_instance import EngineInstance
+    from seer_jax.rollout.backends.kv_pool import HostKVPool
+    from seer_jax.rollout.core.types import ChunkRequest
+
+    def cost(batch, pre, dec, kv):
+        return 1e-3 * batch + 1e-4 * (pre + dec) + 1e-6 * kv + 5e-4
+
+    def results(overlap):
+        eng = Engine(CFG, PARAMS, dataclasses.replace(BASE, overlap=overlap, max_num_seqs=8),
+                     eos_ids=())
+        inst = EngineInstance(0, eng, HostKVPool(1 << 30), step_time=cost)
+        for i, (p, n) in enumerate(zip(PROMPTS[:4], (3, 7, 5, 9), strict=True)):
+            inst.submit(ChunkRequest(request_id=str(i), group_id=str(i), prompt_ids=tuple(p),
+                                     output_ids=(), max_new_tokens=n, original_max_tokens=n,
+                                     sampling=GREEDY))
+        out = {}
+        while inst.has_work():
+            for r in inst.step().finished:
+                out[r.request_id] = r
+        return out, inst.now()
+
+    sync, sync_end = results(False)
+    over, over_end = results(True)
+    assert sorted(over) == sorted(sync) == ["0", "1", "2", "3"]
+    for rid in sync:
+        a, b = over[rid], sync[rid]
+        assert a.new_token_ids == b.new_token_ids
+        assert (a.num_steps, a.decode_steps) == (b.num_steps, b.decode_steps), rid
+        assert a.ended_at == pytest.approx(b.ended_at, abs=1e-12), rid
+    assert over_end == pytest.approx(sync_end, abs=1e-12)
+
+
+def test_no_step_is_dispatched_while_another_thread_compiles(monkeypatch):
+    """Engines stepped on threads share the executable cache and the compile fence: while one
+    compiles a new step shape, another's launch waits."""
+    import threading
+
+    a = Engine(CFG, PARAMS, dataclasses.replace(BASE, max_top_logprobs=3))
+    b = Engine(CFG, PARAMS, BASE)
+    b.add_request("b", PROMPTS[1], 8, GREEDY)
+    b.step()
+    b.step()  # b's prefill and decode step shapes are compiled (and cached) now
+    a.add_request("a", PROMPTS[2], 4, GREEDY)
+    entered, b_done = threading.Event(), threading.Event()
+    seen = {}
+    lower = model_runner.ModelRunner.lower_step
+
+    def slow_lower(self, fn, dev, **static):
+        if self is a.runner and not entered.is_set():
+            entered.set()
+            th = threading.Thread(target=lambda: (b.step(), b_done.set()))
+            th.start()
+            th.join(timeout=3.0)  # b's launch must wait for this compile to end
+            seen["b_finished_during_compile"] = b_done.is_set()
+            seen["thread"] = th
+        return lower(self, fn, dev, **static)
+
+    monkeypatch.setattr(model_runner.ModelRunner, "lower_step", slow_lower)
+    a.step()  # a new step shape (3 top logprobs): compiled while b tries to step
+    assert entered.is_set() and seen["b_finished_during_compile"] is False
+    seen["thread"].join()
+    assert b_done.is_set()
+    a.run_until_done()
+    b.run_until_done()

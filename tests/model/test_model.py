@@ -178,3 +178,17 @@ def test_bad_config_values():
     with pytest.raises(SeerError, match="dtype"):
         tiny_config(dtype="float16")
     assert isinstance(tiny_config(), ModelConfig)
+
+
+def test_bfloat16_checkpoint_loads_its_exact_values(tmp_path):
+    """Released checkpoints are mostly bfloat16."""
+    model = make_hf_model("qwen3", tmp_path / "f32").to(torch.bfloat16)
+    model.save_pretrained(tmp_path / "bf16", safe_serialization=True)
+    cfg, params = load_safetensors_dir(tmp_path / "bf16")
+    want = flat_params(load_safetensors_dir(tmp_path / "f32")[1])
+    got = flat_params(params)
+    assert got.keys() == want.keys()
+    for k in want:  # the f32 weights rounded to bfloat16 and back
+        np.testing.assert_array_equal(np.asarray(got[k]),
+                                      np.asarray(want[k]).astype(jax.numpy.bfloat16).astype(np.float32),
+                                      err_msg=k)

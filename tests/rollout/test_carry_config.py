@@ -111,11 +111,13 @@ def test_run_rollout_carries_unfinished_groups_into_the_next_run():
     import subprocess
     import sys
 
-    # the resume tests' rollout (its greedy tokens survive a re-prefill), one chunk in flight
-    # per instance so the first group completes while the others are part-way
+    # the resume tests' rollout made greedy (every sample of a prompt then has the same tokens,
+    # which the check below compares by prompt), one chunk in flight per instance so the first
+    # group completes while the others are part-way
     proc = subprocess.run(
         [sys.executable, "-c", RUN_TWICE, os.path.join(ROOT, "configs/rollout/demo.py"),
-         *OVERRIDES, "--config.controller.max_in_flight_per_instance=1"],
+         *OVERRIDES, "--config.temperature=0.0",
+         "--config.controller.max_in_flight_per_instance=1"],
         cwd=ROOT, capture_output=True, text=True, timeout=900,
         env={**os.environ, "XLA_FLAGS": xla_flags_without_device_count(), "PYTHONPATH": ROOT})
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -181,6 +181,28 @@ def test_emulated_driver_delivers_events_in_time_order():
     assert isinstance(WallClockDriver(ctl).clock(), float)
 
 
+def test_each_group_is_closed_on_every_instance_once_its_last_request_finished():
+    """Instances that hold per-group state (draft contexts, prompts) are told when a group is
+    over, exactly once, never while one of its requests still runs."""
+    prompts, lengths = workload(6, 4, 128, seed=3)
+    insts = make_sim_instances(3, lengths, kv_capacity_pages=64)
+    closed = []
+
+    def closer(inst):
+        def close_group(gid):
+            assert all(r.status == "done" for r in ctl.requests.values()
+                       if r.group.group_id == gid)
+            closed.append((inst.instance_id, gid))
+        return close_group
+
+    for inst in insts:
+        inst.close_group = closer(inst)
+    ctl = Controller(prompts, group_size=4, max_tokens=128, instances=insts, policy="seer",
+                     config={"chunk_size": 32})
+    EmulatedClusterDriver(ctl).run()
+    assert ctl.done and sorted(closed) == sorted((i, f"g{g}") for i in range(3) for g in range(6))
+
+
 def test_per_request_seeds_differ_and_are_policy_independent():
     prompts, lengths = workload(2, 3, 64, seed=10)
     insts = make_sim_instances(1, lengths)

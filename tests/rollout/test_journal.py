@@ -1,7 +1,14 @@
 """The rollout journal on simulated instances: records, damaged tails, fingerprints, and resuming
-from every prefix of a journal gives the uninterrupted rollout's responses."""
+from every prefix of a journal gives the uninterrupted rollout's responses; one rollout per
+journal directory at a time."""
 
 from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
 
 import pytest
 
@@ -10,6 +17,8 @@ from seer_jax.rollout.backends.kv_pool import HostKVPool
 from seer_jax.rollout.core.journal import (
     JOURNAL_FILE,
     JournalError,
+    JournalLock,
+    JournalLockedError,
     JournalMismatchError,
     JournalWriter,
     check_fingerprint,
@@ -122,6 +131,54 @@ def test_journal_refuses_to_overwrite_and_needs_a_header(tmp_path):
     (tmp_path / JOURNAL_FILE).write_bytes(encode({"t": "h", "format": 1, "fingerprint": {}})[:-3])
     with pytest.raises(JournalError, match="no whole header record"):
         read_journal(tmp_path)
+
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+HOLD_LOCK = ("import sys; from seer_jax.rollout.core.journal import JournalLock; "
+             "lock = JournalLock(sys.argv[1]); print('locked', flush=True); sys.stdin.read()")
+
+
+def test_one_rollout_at_a_time_per_journal_directory(tmp_path):
+    d = tmp_path / "journal"
+    # another process holds the directory (a rollout writing or resuming it) ...
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, str(d)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True,
+                              env={**os.environ, "PYTHONPATH": ROOT})
+    try:
+        assert holder.stdout.readline() == "locked\n"
+        # ... so a second rollout writing it, or resuming it, fails at once, naming it
+        msg = (rf"journal directory {re.escape(repr(str(d)))} is in use by another rollout "
+               rf"\(process {holder.pid} holds")
+        with pytest.raises(JournalLockedError, match=msg):
+            JournalWriter(d, FINGERPRINT)
+        with pytest.raises(JournalLockedError, match=msg):
+            JournalLock(d)
+        assert not (d / JOURNAL_FILE).exists()
+    finally:
+        holder.send_signal(signal.SIGKILL)  # dies holding it: the lock goes with the process
+        holder.wait()
+    w = JournalWriter(d, FINGERPRINT)
+    with pytest.raises(JournalLockedError, match=f"process {os.getpid()} holds"):
+        JournalLock(d)  # a second holder in the same process is refused too
+    w.close()
+    JournalLock(d).release()  # free once the writer is closed
+
+
+def test_model_identity_hashes_every_byte_of_large_files(tmp_path):
+    """A file over 256 MiB (sparse: cheap to make) whose byte in the middle changes, same path
+    and size, has another identity."""
+    from seer_jax.rollout.resume import file_identity
+
+    model = tmp_path / "model"
+    model.mkdir()
+    f = model / "weights.bin"
+    with open(f, "wb") as fh:
+        fh.truncate(257 << 20)
+    before = file_identity(model)
+    with open(f, "r+b") as fh:
+        fh.seek(128 << 20)
+        fh.write(b"\1")
+    assert f.stat().st_size == 257 << 20 and file_identity(model) != before
 
 
 def test_fingerprint_mismatch_names_every_differing_key():

@@ -115,6 +115,20 @@ def test_greedy_tokens_with_ray_speculation_equal_plain(actors, reference, polic
         assert rep["remote_tokens"] > 0  # drafts saw the other actor's tokens
     if policy == "seer":  # chunks continued on the other actor from the object store
         assert out.report.migrations > 0 and out.report.kv_bytes_imported > 0
+    _assert_groups_closed(actors)
+
+
+def _assert_groups_closed(group):
+    """Every group was closed when its last request finished: the shards, the replicas and the
+    controller's record hold nothing of the rollout (their memory is back to its baseline)."""
+    import ray
+
+    draft = group.draft
+    assert draft.record == {} and draft.closed_groups == len(GROUPS)
+    for st in ray.get([h.stats.remote() for h in draft.spec.shards]):
+        assert (st["groups"], st["messages"], st["tokens"], st["held"]) == (0, 0, 0, 0), st
+    for snap in ray.get([inst.actor.snapshot.remote() for inst in group.instances]):
+        assert snap.draft["groups"] == 0 and snap.resident == {}
 
 
 @pytest.mark.exhaustive  # drafts never change greedy tokens: the forced-draft engine tests

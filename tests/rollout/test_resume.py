@@ -1,11 +1,13 @@
-"""Resuming a journaled rollout of real SmolLM2 engines: a `seer-jax rollout` process SIGKILLed
-in the middle (deterministically, after N journal records) and resumed returns the responses of
-an uninterrupted run; a torn last record, another config or model, and a finished journal."""
+"""Resuming a journaled rollout of real SmolLM2 engines: a sampled (T=1) `seer-jax rollout`
+process SIGKILLed in the middle (deterministically, after N journal records:
+tests/rollout/journal_kill.py) and resumed returns the responses of an uninterrupted run; a torn
+last record, another config, a model file whose bytes changed, and a finished journal."""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -13,12 +15,15 @@ import numpy as np
 import pytest
 
 from seer_jax.config_files import load_config_file
+from seer_jax.model.hub import resolve_model
 from seer_jax.rollout.core.journal import (
+    FORMAT,
     JOURNAL_FILE,
-    KILL_AFTER_ENV,
     JournalMismatchError,
+    encode,
     read_journal,
 )
+from seer_jax.rollout.resume import file_identity
 from tests.subprocess_env import xla_flags_without_device_count
 
 # real engines in subprocesses; one worker runs the module, so its uninterrupted run runs once
@@ -26,26 +31,30 @@ pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("resume")]
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-# greedy, small: 3 prompts x 2 samples x 24 tokens in chunks of 8 (so requests end chunks
+# sampled (T=1: a resumed request's later tokens must draw the same samples; greedy is the
+# easier case), small: 3 prompts x 2 samples x 24 tokens in chunks of 8 (so requests end chunks
 # unfinished and the journal holds prefixes), one policy
 OVERRIDES = ["--config.num_prompts=3", "--config.group_size=2", "--config.max_tokens=24",
              "--config.controller.chunk_size=8", "--config.policies=seer",
-             "--config.temperature=0.0"]
+             "--config.temperature=1.0"]
 # logprobs of a resumed request's later tokens come from a forward pass over a re-prefilled
 # context instead of the incremental decode that made them in the uninterrupted run: the same
 # math in a different order of float32 operations
 LOGPROB_ATOL = 1e-4
 
 
-def cli(tmp_path, name, *args, env=None):
+def cli(tmp_path, name, *args, kill_after=None):
+    """`seer-jax rollout` of the demo config; kill_after=N: SIGKILLed after N journal records."""
     out = tmp_path / f"{name}.json"
+    launch = (["-m", "seer_jax.cli"] if kill_after is None else
+              [os.path.join(ROOT, "tests/rollout/journal_kill.py"), str(kill_after)])
     proc = subprocess.run(
-        [sys.executable, "-m", "seer_jax.cli", "rollout", "--config",
+        [sys.executable, *launch, "rollout", "--config",
          os.path.join(ROOT, "configs/rollout/demo.py"), "--no-progress", "--json", str(out),
          *OVERRIDES, *args],
         cwd=ROOT, capture_output=True, text=True, timeout=600,
-        env={**os.environ, "XLA_FLAGS": xla_flags_without_device_count(), "PYTHONPATH": ROOT,
-             **(env or {})})  # the CLI asks for the CPU devices it needs
+        env={**os.environ, "XLA_FLAGS": xla_flags_without_device_count(), "PYTHONPATH": ROOT})
+    # (the CLI asks for the CPU devices it needs)
     return proc, (json.loads(out.read_text()) if out.exists() else None)
 
 
@@ -88,8 +97,7 @@ def test_sigkilled_rollout_resumes_to_the_uninterrupted_responses(uninterrupted,
     kill_at = first_finished + 2
     assert kill_at < len(lines) - 1
     jd = tmp_path / "journal"
-    proc, report = cli(tmp_path, "killed", f"--config.journal_dir={jd}",
-                       env={KILL_AFTER_ENV: str(kill_at)})
+    proc, report = cli(tmp_path, "killed", f"--config.journal_dir={jd}", kill_after=kill_at)
     assert proc.returncode == -9 and report is None, (proc.returncode, proc.stderr[-2000:])
     state = read_journal(jd)
     assert state.records == kill_at and not state.policy("seer").done
@@ -121,24 +129,40 @@ def test_torn_last_record_resumes_from_the_last_whole_one(uninterrupted, tmp_pat
     same_responses(responses(report), responses(want))
 
 
-@pytest.mark.parametrize("override, key", [("--config.max_tokens=20", "max_tokens"),
-                                           ("--config.model=/nonexistent/model.gguf", "model")])
-def test_journal_of_another_config_or_model_is_refused(uninterrupted, tmp_path, override, key):
+def test_journal_of_another_config_is_refused(uninterrupted, tmp_path):
     _, ref_journal = uninterrupted
-    if key == "model":  # another model file: a copy of the same bytes under another name
-        import shutil
-
-        from seer_jax.model.hub import resolve_model
-
-        other = tmp_path / "other.gguf"
-        shutil.copy(resolve_model("smollm2"), other)
-        with open(other, "ab") as f:
-            f.write(b"\0")
-        override = f"--config.model={other}"
-    proc, report = cli(tmp_path, "bad", "--resume", str(ref_journal), override)
+    proc, report = cli(tmp_path, "bad", "--resume", str(ref_journal), "--config.max_tokens=20")
     assert proc.returncode == 2 and report is None
     assert "was written by a different rollout" in proc.stderr
-    assert f"mismatched: {key}" in proc.stderr or f"; {key}:" in proc.stderr, proc.stderr
+    assert "mismatched: max_tokens: journal 24, now 20" in proc.stderr, proc.stderr
+
+
+def test_journal_of_a_model_file_whose_bytes_changed_is_refused(uninterrupted, tmp_path):
+    """Same path, same size, one byte of the weights changed: the resume is refused, as the
+    fingerprint hashes the model's bytes."""
+    _, ref_journal = uninterrupted
+    model = tmp_path / "model.gguf"
+    shutil.copy(resolve_model("smollm2"), model)
+    # the reference journal as this copy of the model would have written it
+    fingerprint = {**read_journal(ref_journal).fingerprint, "model": str(model),
+                   "model_files": file_identity(model)}
+    lines = (ref_journal / JOURNAL_FILE).read_bytes().splitlines(keepends=True)
+    jd = tmp_path / "journal"
+    jd.mkdir()
+    (jd / JOURNAL_FILE).write_bytes(
+        encode({"t": "h", "format": FORMAT, "fingerprint": fingerprint}) + b"".join(lines[1:]))
+    size = model.stat().st_size
+    with open(model, "r+b") as f:  # a byte in the middle of the file, far from either end
+        f.seek(size // 2)
+        byte = f.read(1)[0]
+        f.seek(size // 2)
+        f.write(bytes([byte ^ 0x55]))
+    assert model.stat().st_size == size
+    proc, report = cli(tmp_path, "bad", "--resume", str(jd), f"--config.model={model}")
+    assert proc.returncode == 2 and report is None
+    assert "was written by a different rollout" in proc.stderr
+    assert "mismatched: model_files: journal" in proc.stderr, proc.stderr
+    assert "; " not in proc.stderr.split("mismatched: ")[1]  # the only key that differs
 
 
 def test_finished_journal_returns_its_responses_without_an_engine(uninterrupted, monkeypatch):

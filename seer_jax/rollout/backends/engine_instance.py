@@ -61,6 +61,9 @@ class EngineInstance:
         self._imported: dict[str, int] = {}
         self._reprefill: dict[str, int] = {}
         self._prompts: dict[str, tuple[int, ...]] = {}
+        # when the engine's recent steps ended on this instance's clock: with overlap, the
+        # requests a step finishes come back from the next step() call, and end with their step
+        self._step_end: dict[int, float] = {}
         # record_steps: one row per executed step (batch size, prefill tokens, decode tokens, KV
         # tokens read, duration s on this instance's clock: what calibrates the simulator to a
         # run); off by default so long-lived engines (trainer adapters) do not grow a log
@@ -107,6 +110,12 @@ class EngineInstance:
     def running_progress(self) -> dict[str, int]:
         return {s.request_id: len(s.output) for s in self.engine.running}
 
+    def close_group(self, group_id: str) -> None:
+        """Every request of the group has finished: forget it (its draft context too)."""
+        self._prompts.pop(group_id, None)
+        if self.engine.spec is not None:
+            self.engine.spec.close_group(group_id)
+
     def abort(self, request_id: str) -> None:
         self.engine.abort(request_id)
         self._chunks.pop(request_id, None)
@@ -127,10 +136,16 @@ class EngineInstance:
         stats = self.engine.step_stats[-1]
         if self.step_time is None:
             duration = wall
+        elif stats.batch_size == 0:
+            # overlap dispatched it for requests the previous step ended: it computes nothing
+            duration = 0.0
         else:
             duration = self.step_time(stats.batch_size, stats.num_prefill_tokens,
                                       stats.num_decode_tokens, stats.kv_tokens)
         self._now = start + duration
+        self._step_end[stats.step] = self._now
+        for old in [k for k in self._step_end if k < stats.step - 2]:
+            del self._step_end[old]
         if self.step_log is not None:
             self.step_log.append((stats.batch_size, stats.num_prefill_tokens,
                                   stats.num_decode_tokens, stats.kv_tokens, duration))
@@ -157,7 +172,8 @@ class EngineInstance:
             new_token_ids=list(out.token_ids), new_logprobs=list(out.logprobs),
             finish_reason=(out.finish_reason if done else None), kv_handle=handle,
             submitted_at=submitted, started_at=self._started.pop(out.request_id, step_start),
-            ended_at=self._now, num_steps=out.metrics.num_steps,
+            ended_at=self._step_end.get(out.metrics.finish_step, self._now),
+            num_steps=out.metrics.num_steps,
             preemptions=out.metrics.num_preemptions, decode_steps=out.metrics.decode_steps,
             spec_proposed=out.metrics.spec_proposed, spec_accepted=out.metrics.spec_accepted,
             kv_bytes_imported=self._imported.pop(out.request_id, 0), kv_bytes_exported=exported,

@@ -197,6 +197,12 @@ class EngineActor:
         if self.replica is not None:
             self.replica.clear(epoch)
 
+    def close_group(self, group_id: str) -> None:
+        """Every request of the group has finished: the instance and its speculator (whose
+        service is this actor's replica) forget it."""
+        if self.inst is not None:
+            self.inst.close_group(group_id)
+
     def set_draft_sync(self, sync: Any) -> None:
         """How the next engine's replica syncs (a `SyncConfig`; from the next `reset`)."""
         self.draft = dataclasses.replace(self.draft, sync=sync)

@@ -20,6 +20,7 @@ import pathlib
 import sys
 from typing import Any
 
+from seer_jax.engine.scatter_check import ENV as SCATTER_CHECK_ENV
 from seer_jax.errors import ConfigError
 
 RESOURCES = ("CPU", "GPU", "TPU")
@@ -157,6 +158,8 @@ class RayBackendConfig:
             flags = " ".join(f for f in flags.split() if "xla_force_host_platform_device_count" not in f)
             per_host = tp // self.hosts_per_slice
             env["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={per_host}".strip()
+        if os.environ.get(SCATTER_CHECK_ENV):  # the driver's scatter-check mode
+            env[SCATTER_CHECK_ENV] = os.environ[SCATTER_CHECK_ENV]
         env.update(self.env)
         if not self.address:
             # a local cluster runs this checkout's code, even when it is not the installed one

@@ -14,7 +14,9 @@ Failure: a shard that dies is found by the replicas (their pull fails); they go 
 their local contexts and report it in their step snapshot. The controller confirms it (a ping),
 starts a new shard, seeds it from its record and sends it to every engine actor, whose replica
 re-sends what it holds of that shard's groups (tokens of chunks still running) and pulls again.
-Every token is applied once (appends carry their position), so no order of these matters. An
+Every token is applied once (appends carry their position), so no order of these matters.
+A group whose requests have all finished is closed: the controller's record, the shards and the
+replicas forget it (`close_group`), so none of them grows over a rollout. An
 engine actor lost while holding replicas loses nothing the others need: its pushed tokens are
 in the shards and its committed ones in the record. Weight sync touches none of this: drafts
 depend on tokens, not weights.
@@ -103,18 +105,21 @@ class RayDraftService:
 
     def __init__(self, sync: SyncConfig, budget: BudgetFactory | None = None,
                  config: DraftConfig | None = None, fault_after_chunks: int = -1,
-                 fault_shard: int | None = None, ping_timeout_s: float = 30.0) -> None:
+                 fault_shard: int | None = None, ping_timeout_s: float | None = None) -> None:
+        """ping_timeout_s: how long a shard may take to answer the controller (None: the
+        sync config's pull_timeout_s)."""
         self.sync = sync.validate()
         self.spec = DraftSpec([start_shard() for _ in range(sync.shards)], self.sync, budget, config)
         self.fault_after_chunks = fault_after_chunks
         self.fault_shard = fault_shard
-        self.ping_timeout_s = ping_timeout_s
+        self.ping_timeout_s = sync.pull_timeout_s if ping_timeout_s is None else ping_timeout_s
         self.instances: Callable[[], list] = list
         self._clear()
 
     def _clear(self) -> None:
         self.record: dict[str, dict[str | None, list[int]]] = {}
         self._group_of: dict[str, str] = {}
+        self.closed_groups = 0
         self.chunks = 0
         self.fault_fired = False
         self.killed_shard: int | None = None
@@ -143,6 +148,18 @@ class RayDraftService:
         status = getattr(snap, "draft", None) or {}
         for k in status.get("down", ()):
             self.check_shard(k)
+
+    def close_group(self, group_id: str) -> None:
+        """Every request of the group has finished: the record and the shard forget it (each
+        instance's proxy calls this; the first call does it)."""
+        reqs = self.record.pop(group_id, None)
+        if reqs is None:
+            return
+        for rid in reqs:
+            self._group_of.pop(rid, None)
+        self.closed_groups += 1
+        self.spec.shards[shard_of(group_id, self.sync.shards)].close_groups.remote(
+            [group_id], self.spec.epoch)
 
     # ---- faults and rebuild ---------------------------------------------------------------------
     def kill_shard(self, k: int) -> None:
@@ -224,7 +241,8 @@ class RayDraftService:
                                "sync_every_steps": self.sync.sync_every_steps,
                                "lost_shards": self.lost_shards,
                                "rebuilt_shards": self.rebuilt_shards,
-                               "rebuild_s": self.rebuild_s, "epoch": self.spec.epoch}
+                               "rebuild_s": self.rebuild_s, "epoch": self.spec.epoch,
+                               "closed_groups": self.closed_groups}
         if self.fault_fired and self.lost_shards == 0:  # killed, never reported by a replica
             try:
                 ray.get(self.spec.shards[self.killed_shard].ping.remote(),

@@ -117,6 +117,16 @@ class RayInstance:
         for a in self.actors:
             a.abort.remote(request_id)
 
+    def close_group(self, group_id: str) -> None:
+        """Every request of the group has finished: the actors and the draft service forget
+        it."""
+        if self.lost:
+            return
+        for a in self.actors:
+            a.close_group.remote(group_id)
+        if self.draft is not None:
+            self.draft.close_group(group_id)
+
     def inject_fault(self, kind: str, host: int | None = None) -> None:
         """Arm a fault (`EngineActor.inject_fault`) on every host of the slice (or on `host`
         only); it lands before later calls."""

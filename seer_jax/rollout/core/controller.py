@@ -547,7 +547,12 @@ class Controller:
     def _record_finished(self, req: RequestState) -> None:
         g = req.group
         g.record_finished(req)
-        self.complete_groups += g.num_finished == len(g.requests)
+        if g.num_finished == len(g.requests):
+            self.complete_groups += 1
+            for inst in self.instances:  # its draft contexts and prompt records can go
+                close = getattr(inst, "close_group", None)
+                if close is not None:
+                    close(g.group_id)
         self.policy.on_request_finished(req)
         self.num_done += 1
 

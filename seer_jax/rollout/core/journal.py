@@ -21,6 +21,11 @@ Records (`t` is the kind):
 - `p` policy done: the policy's rollout report `report`, so a finished rollout is returned
   without running anything.
 
+One rollout writes a journal directory at a time: `JournalLock` holds an exclusive `flock` on
+its `rollout.journal.lock` for the run's life (a second rollout or resume of the directory fails
+at once, naming it, `JournalLockedError`; the lock goes with the process, however it ends). A new
+journal is created exclusively (O_EXCL), never over an existing one.
+
 `JournalWriter` writes; `read_journal` parses a file into a `JournalState` (per policy: finished
 responses, unfinished prefixes, the report when done), which the controller restores
 (`Controller.restore`).
@@ -29,10 +34,11 @@ responses, unfinished prefixes, the report when done), which the controller rest
 from __future__ import annotations
 
 import dataclasses
+import errno
+import fcntl
 import json
 import os
 import pathlib
-import signal
 import time
 import zlib
 from collections.abc import Mapping
@@ -42,12 +48,46 @@ from seer_jax.errors import ConfigError, SeerError
 
 FORMAT = 1
 JOURNAL_FILE = "rollout.journal"
-# test-only: SIGKILL this process right after the Nth record is written (a deterministic crash)
-KILL_AFTER_ENV = "SEER_JAX_TEST_JOURNAL_KILL_AFTER"
+LOCK_FILE = "rollout.journal.lock"
 
 
 class JournalError(SeerError):
     """A journal that cannot be read or written (missing, damaged before its last record)."""
+
+
+class JournalLockedError(JournalError):
+    """Another process is writing (or resuming) the journal directory."""
+
+
+class JournalLock:
+    """An exclusive lock on a journal directory (created if missing) for as long as this
+    object is held: `flock` on its lock file, which records the holder's pid. Another holder,
+    in this process or any other, gets JournalLockedError naming the directory."""
+
+    def __init__(self, directory: str | os.PathLike):
+        self.dir = pathlib.Path(directory)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.path = self.dir / LOCK_FILE
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip()
+            os.close(fd)
+            if e.errno not in (errno.EWOULDBLOCK, errno.EACCES):
+                raise
+            raise JournalLockedError(
+                f"journal directory {os.fspath(directory)!r} is in use by another rollout "
+                f"(process {holder or '?'} holds {self.path}); wait for it to end, or give this "
+                "rollout another journal_dir") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self._fd: int | None = fd
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)  # closing the only descriptor drops the flock
+            self._fd = None
 
 
 class JournalMismatchError(ConfigError):
@@ -199,10 +239,13 @@ def _short(v: Any) -> str:
 class JournalWriter:
     """Appends records to a journal file (created with its header, or reopened to go on after
     the last whole record of an existing one). Implements the controller's journal hooks for one
-    policy at a time (`for_policy`)."""
+    policy at a time (`for_policy`). It holds the directory's `JournalLock` until `close` (the
+    one given, taken before the journal it resumes was read, or its own)."""
 
     def __init__(self, directory: str | os.PathLike, fingerprint: Mapping[str, Any] | None = None,
-                 resume: JournalState | None = None, fsync: bool = False):
+                 resume: JournalState | None = None, fsync: bool = False,
+                 lock: JournalLock | None = None):
+        self.lock = lock if lock is not None else JournalLock(directory)
         self.dir = pathlib.Path(directory)
         self.path = self.dir / JOURNAL_FILE
         self.fsync = fsync
@@ -210,20 +253,23 @@ class JournalWriter:
         self.bytes = 0
         self.write_s = 0.0  # time spent encoding and writing records
         self.policy = ""
-        kill = os.environ.get(KILL_AFTER_ENV, "")
-        self._kill_after = int(kill) if kill else None
-        if resume is None:
-            if self.path.exists():
-                raise ConfigError(f"journal_dir={os.fspath(directory)!r} already holds a rollout "
-                                  "journal; resume it (seer-jax rollout --resume DIR) or pick "
-                                  "an empty directory")
-            self.dir.mkdir(parents=True, exist_ok=True)
-            self._f = open(self.path, "wb")
-            self._write({"t": "h", "format": FORMAT, "fingerprint": dict(fingerprint or {})})
-        else:
-            self._f = open(self.path, "r+b")
-            self._f.truncate(resume.good_bytes)  # drop a torn last record before appending
-            self._f.seek(resume.good_bytes)
+        try:
+            if resume is None:
+                try:
+                    fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+                except FileExistsError:
+                    raise ConfigError(f"journal_dir={os.fspath(directory)!r} already holds a "
+                                      "rollout journal; resume it (seer-jax rollout --resume "
+                                      "DIR) or pick an empty directory") from None
+                self._f = os.fdopen(fd, "wb")
+                self._write({"t": "h", "format": FORMAT, "fingerprint": dict(fingerprint or {})})
+            else:
+                self._f = open(self.path, "r+b")
+                self._f.truncate(resume.good_bytes)  # drop a torn last record before appending
+                self._f.seek(resume.good_bytes)
+        except BaseException:
+            self.lock.release()
+            raise
 
     def for_policy(self, policy: str) -> JournalWriter:
         self.policy = policy
@@ -245,6 +291,7 @@ class JournalWriter:
     def close(self) -> None:
         if not self._f.closed:
             self._f.close()
+        self.lock.release()
 
     def _write(self, record: Mapping[str, Any]) -> None:
         t0 = time.perf_counter()
@@ -256,5 +303,3 @@ class JournalWriter:
         self.write_s += time.perf_counter() - t0
         self.records += 1
         self.bytes += len(line)
-        if self._kill_after is not None and self.records >= self._kill_after:
-            os.kill(os.getpid(), signal.SIGKILL)
