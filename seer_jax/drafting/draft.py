@@ -34,6 +34,8 @@ class Draft:
     parents: np.ndarray  # int32 [n]
     probs: np.ndarray  # float32 [n]
     match_len: int = 0  # length of the context match the draft continues
+    # depths(), computed once (read-only; a draft's arrays do not change)
+    _depths: np.ndarray | None = dataclasses.field(default=None, compare=False, repr=False)
 
     @staticmethod
     def empty(match_len: int = 0) -> Draft:
@@ -53,11 +55,16 @@ class Draft:
         return bool(np.array_equal(self.parents, np.arange(-1, len(self) - 1)))
 
     def depths(self) -> np.ndarray:
-        """int32 [n]: 1 for children of the committed token, parent depth + 1 below."""
-        d = np.zeros((len(self),), np.int32)
-        par = self.parents
-        for i in range(len(self)):
-            d[i] = 1 if par[i] < 0 else d[par[i]] + 1
+        """int32 [n] (read-only): 1 for children of the committed token, parent depth + 1
+        below."""
+        d = self._depths
+        if d is None:
+            out: list[int] = []
+            for p in self.parents.tolist():
+                out.append(1 if p < 0 else out[p] + 1)
+            d = np.asarray(out, np.int32)
+            d.flags.writeable = False
+            object.__setattr__(self, "_depths", d)
         return d
 
     @property
@@ -69,7 +76,8 @@ class Draft:
         if num_nodes >= len(self):
             return self
         n = max(int(num_nodes), 0)
-        return Draft(self.tokens[:n], self.parents[:n], self.probs[:n], self.match_len)
+        dep = None if self._depths is None else self._depths[:n]
+        return Draft(self.tokens[:n], self.parents[:n], self.probs[:n], self.match_len, dep)
 
     def select(self, keep: np.ndarray) -> Draft:
         """The nodes where `keep` (bool [n]) is set, parents re-indexed. Every kept node's parent
@@ -175,8 +183,10 @@ def build_draft(
         if not tokens:
             return Draft.empty(length)
         t = np.asarray(tokens, np.int32)
+        dep = np.arange(1, t.size + 1, dtype=np.int32)
+        dep.flags.writeable = False
         return Draft(t, np.arange(-1, t.size - 1, dtype=np.int32),
-                     np.asarray(probs, np.float32), length)
+                     np.asarray(probs, np.float32), length, dep)
 
     out_tok: list[int] = []
     out_par: list[int] = []
