@@ -24,6 +24,19 @@ from seer_jax.drafting.suffix_automaton import SuffixAutomaton
 _EMPTY_I32 = np.zeros((0,), np.int32)
 _EMPTY_F32 = np.zeros((0,), np.float32)
 _rank_key = operator.itemgetter(0, 1)
+# a chain's parents and depths: read-only views of these (no arrays built per draft)
+_CHAIN_PARENTS = np.arange(-1, 255, dtype=np.int32)
+_CHAIN_DEPTHS = np.arange(1, 257, dtype=np.int32)
+_CHAIN_PARENTS.flags.writeable = False
+_CHAIN_DEPTHS.flags.writeable = False
+
+
+def _chain(tokens: list[int], probs: list[float], match_len: int) -> Draft:
+    n = len(tokens)
+    if n > _CHAIN_DEPTHS.size:
+        return Draft.chain(tokens, probs, match_len)
+    return Draft(np.asarray(tokens, np.int32), _CHAIN_PARENTS[:n],
+                 np.asarray(probs, np.float32), match_len, _CHAIN_DEPTHS[:n])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,7 +58,9 @@ class Draft:
     def chain(tokens, probs=None, match_len: int = 0) -> Draft:
         t = np.asarray(tokens, np.int32).reshape(-1)
         p = np.ones(t.shape, np.float32) if probs is None else np.asarray(probs, np.float32)
-        return Draft(t, np.arange(-1, t.size - 1, dtype=np.int32), p, match_len)
+        dep = np.arange(1, t.size + 1, dtype=np.int32)
+        dep.flags.writeable = False
+        return Draft(t, np.arange(-1, t.size - 1, dtype=np.int32), p, match_len, dep)
 
     def __len__(self) -> int:
         return int(self.tokens.shape[0])
@@ -166,8 +181,8 @@ def build_draft(
         probs: list[float] = []
         prob = 1.0
         v, k = state, length
-        limit = min(max_nodes, max_depth)
-        while len(tokens) < limit:
+        ln, link = sam._len, sam._link
+        for _ in range(min(max_nodes, max_depth)):
             tok = best[v]
             if tok < 0:
                 break
@@ -178,15 +193,13 @@ def build_draft(
             tokens.append(tok)
             probs.append(prob)
             v, k = x, k + 1
-            if k > cap:
-                v, k = clamp(v, k, cap)
+            if k > cap:  # (`SuffixAutomaton.clamp`, inline)
+                while v and cap <= ln[link[v]]:
+                    v = link[v]
+                k = cap
         if not tokens:
             return Draft.empty(length)
-        t = np.asarray(tokens, np.int32)
-        dep = np.arange(1, t.size + 1, dtype=np.int32)
-        dep.flags.writeable = False
-        return Draft(t, np.arange(-1, t.size - 1, dtype=np.int32),
-                     np.asarray(probs, np.float32), length, dep)
+        return _chain(tokens, probs, length)
 
     out_tok: list[int] = []
     out_par: list[int] = []
