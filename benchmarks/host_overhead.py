@@ -11,6 +11,9 @@ speculation, the engine's own per-step phase timings (`StepStats`) split a step 
   commit   host: emissions, appends, finishes, page roll-back, stats
   host     everything on the critical path that is not device time (plan + h2d + d2h + commit)
   wall     the step() call, measured around it
+  host_cpu CPU time of the calling thread in the step() call (the device runs on XLA's own
+           threads): the host work per step, less disturbed than wall-clock phases when other
+           processes load the machine
   exposed  overlap only: host time on the critical path, an upper bound per step: zero when the
            host still had to wait for step N after dispatching N+1 (the device went from N to
            N+1 without idling), else the planning and dispatch of N+1; after a step that
@@ -127,17 +130,18 @@ def run_point(model: str, batch: int, ctx: int, spec: bool, steps: int, warmup: 
     eng.step()  # admits every request (KV import) and runs the first decode
     setup_s = time.perf_counter() - t_setup
     t_run = time.perf_counter()
-    walls = []  # wall time of each step() call, and whether it compiled
+    walls = []  # wall and thread CPU time of each step() call, and whether it compiled
     for _ in range(warmup + steps):
-        c0, w0 = eng.runner.compile_s, time.perf_counter()
+        c0, w0, u0 = eng.runner.compile_s, time.perf_counter(), time.thread_time()
         eng.step()
-        walls.append((time.perf_counter() - w0, eng.runner.compile_s > c0))
+        walls.append((time.perf_counter() - w0, eng.runner.compile_s > c0, time.thread_time() - u0))
     run_s = time.perf_counter() - t_run
     eng.drain()  # with overlap: the last step's phases complete
     stats = list(eng.step_stats)[1 + warmup:]
     kept = [s for s in stats if s.compile_s == 0 and s.batch_size == batch
             and s.num_prefill_tokens == 0]
-    steady_walls = [w for w, compiled in walls[warmup:] if not compiled]
+    steady_walls = [w for w, compiled, _ in walls[warmup:] if not compiled]
+    steady_cpu = [u for _, compiled, u in walls[warmup:] if not compiled]
     out = {"status": "ok", "setup_s": round(setup_s, 2), "run_s": round(run_s, 2),
            "steps": len(stats), "excluded_steps": len(stats) - len(kept),
            "spec_steps": sum(s.num_decode_tokens > batch for s in kept),
@@ -150,6 +154,7 @@ def run_point(model: str, batch: int, ctx: int, spec: bool, steps: int, warmup: 
                                    for s in kept]))
     med["host"] = float(np.median([s.plan_s + s.h2d_s + s.d2h_s + s.commit_s for s in kept]))
     med["wall"] = float(np.median(steady_walls)) if steady_walls else float("nan")
+    med["host_cpu"] = float(np.median(steady_cpu)) if steady_cpu else float("nan")
     if overlap:
         # step N+1 was dispatched before the host waited for step N; if the host then still had
         # to wait, N+1 was queued when N ended and the device did not idle between them: no
@@ -209,16 +214,17 @@ def run_ab(model: str, batch: int, ctx: int, steps: int, rounds: int, warmup: in
 
 def markdown(points: list[dict]) -> str:
     head = ("| model | batch | ctx | spec | overlap | plan ms | h2d ms | device ms | d2h ms "
-            "| commit ms | host ms | step ms | wall ms | exposed host ms |")
-    rows = [head, "|" + "---|" * 14]
+            "| commit ms | host ms | step ms | wall ms | exposed host ms | host CPU ms |")
+    rows = [head, "|" + "---|" * 15]
     for p in points:
         key = (f"| {p['model']} | {p['batch']} | {p['context']} | {'on' if p['spec'] else 'off'} "
                f"| {'on' if p.get('overlap') else 'off'} |")
         if p["status"] != "ok":
-            rows.append(key + f" {p['status']} |" + " |" * 9)
+            rows.append(key + f" {p['status']} |" + " |" * 10)
             continue
         rows.append(key + "".join(f" {p[f'{k}_ms']:.2f} |" for k in (*PHASES, "host", "step", "wall"))
-                    + (f" {p['exposed_host_ms']:.3f} |" if "exposed_host_ms" in p else " |"))
+                    + (f" {p['exposed_host_ms']:.3f} |" if "exposed_host_ms" in p else " |")
+                    + f" {p['host_cpu_ms']:.2f} |")
     return "\n".join(rows)
 
 
@@ -296,6 +302,7 @@ def main(argv: list[str] | None = None) -> int:
             p8, p1, p32 = (find(model, 256, c, spec) for c in (8192, 1024, 32768))
             if p8:
                 summary[f"{tag}_host_ms_b256_ctx8k"] = p8["host_ms"]
+                summary[f"{tag}_host_cpu_ms_b256_ctx8k"] = p8["host_cpu_ms"]
             o8 = find(model, 256, 8192, spec, True)
             if o8 and "exposed_host_ms" in o8:
                 summary[f"{tag}_overlap_exposed_host_ms_b256_ctx8k"] = o8["exposed_host_ms"]

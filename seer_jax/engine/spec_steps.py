@@ -66,8 +66,8 @@ def accept(decode: list[Request], drafts, outputs, kv: KVCacheManager, runner,
             S, table = kv.page_size, kv.rows.pages
             src = root[i] + nodes[i, j]
             dst = root[i] + j
-            runner.move_slots((table[rows[i], src // S] * S + src % S).tolist(),
-                              (table[rows[i], dst // S] * S + dst % S).tolist())
+            runner.move_slots(table[rows[i], src // S] * S + src % S,
+                              table[rows[i], dst // S] * S + dst % S)
     accepted = acc.tolist()
     toks, lps = d_toks[:n].tolist(), d_lps[:n].tolist()
     emissions = []
