@@ -40,6 +40,7 @@ would overrun `--time-budget-s`, is skipped with the reason in the JSON.
   python benchmarks/host_overhead.py --json benchmarks/results/host_overhead/after.json
   python benchmarks/host_overhead.py --models tiny --batches 64 --contexts 1024 --steps 4  # quick
   python benchmarks/host_overhead.py --ab medium:64:1024,medium:256:1024 --json ab.json
+  python benchmarks/host_overhead.py --ab tiny:256:8192:spec --ab-rounds 3 --ab-steps 2 --json ab.json
   python benchmarks/host_overhead.py --models tiny --batches 256 --contexts 8192 --spec on \
       --large-steps 8 --json spec.json  # a verify step's host work, overlap off and on
 
@@ -172,13 +173,13 @@ def run_point(model: str, batch: int, ctx: int, spec: bool, steps: int, warmup: 
 
 
 def run_ab(model: str, batch: int, ctx: int, steps: int, rounds: int, warmup: int,
-           page_size: int) -> dict:
+           page_size: int, spec: bool = False) -> dict:
     """Overlap off and on, in alternating blocks of `steps` decode steps (`rounds` each), so
     that both see the same machine: wall time per step of each (median over blocks), and the
     device and host time of the steps run one at a time. An overlapped block ends by
     committing its last step (`drain`), so its first planning and last commit are not hidden."""
-    max_tokens = warmup + rounds * steps + 4
-    engines = {o: build_engine(model, batch, ctx, False, page_size, o, max_tokens)
+    max_tokens = (16 if spec else 1) * (warmup + rounds * steps + 4)
+    engines = {o: build_engine(model, batch, ctx, spec, page_size, o, max_tokens)
                for o in (False, True)}
     for eng in engines.values():
         for _ in range(1 + warmup):  # admission, then compiles
@@ -245,8 +246,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--mem-limit-gib", type=float, default=10.0)
     ap.add_argument("--time-budget-s", type=float, default=840.0)
     ap.add_argument("--ab", default="",
-                    help="model:batch:context points (comma-separated) to run with overlap off and "
-                         "on in alternating blocks, instead of the grid")
+                    help="model:batch:context[:spec] points (comma-separated) to run with overlap "
+                         "off and on in alternating blocks, instead of the grid (:spec: with "
+                         "grouped speculation)")
     ap.add_argument("--ab-rounds", type=int, default=4)
     ap.add_argument("--ab-steps", type=int, default=3, help="steps per block")
     ap.add_argument("--json", default=None)
@@ -335,18 +337,20 @@ def main(argv: list[str] | None = None) -> int:
 def run_ab_points(args, t_start: float) -> int:
     ab = []
     for item in args.ab.split(","):
-        model, batch, ctx = item.split(":")
-        point = {"model": model, "batch": int(batch), "context": int(ctx)}
+        model, batch, ctx, *spec = item.split(":")
+        spec = spec == ["spec"]
+        point = {"model": model, "batch": int(batch), "context": int(ctx), "spec": spec}
         kv_gib, _ = point_memory_gib(model_config(model, int(ctx) + 1024), int(batch), int(ctx),
                                      False, args.page_size)
         if 2 * kv_gib > args.mem_limit_gib:
             point["status"] = f"skipped: two KV caches of {kv_gib:.1f} GiB > --mem-limit-gib"
         else:
             point.update(run_ab(model, int(batch), int(ctx), args.ab_steps, args.ab_rounds,
-                                args.warmup, args.page_size))
+                                args.warmup, args.page_size, spec))
         ab.append(point)
         print(json.dumps(point), flush=True)
-    summary = {f"{p['model']}_b{p['batch']}_ctx{p['context']}_{k}": p[k] for p in ab
+    summary = {f"{p['model']}{'_spec' if p['spec'] else ''}_b{p['batch']}_ctx{p['context']}_{k}": p[k]
+               for p in ab
                if p["status"] == "ok" for k in ("overlap_wall_over_max_device_host",
                                                 "overlap_wall_over_sync_wall", "host_waited_share")}
     summary["wall_s"] = round(time.perf_counter() - t_start, 1)
