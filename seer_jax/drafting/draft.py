@@ -31,6 +31,12 @@ _CHAIN_PARENTS.flags.writeable = False
 _CHAIN_DEPTHS.flags.writeable = False
 
 
+def _frozen(depths: list[int]) -> np.ndarray:
+    d = np.asarray(depths, np.int32)
+    d.flags.writeable = False
+    return d
+
+
 def _chain(tokens: list[int], probs: list[float], match_len: int) -> Draft:
     n = len(tokens)
     if n > _CHAIN_DEPTHS.size:
@@ -105,7 +111,8 @@ class Draft:
         if np.any(par >= 0) and not keep[par[par >= 0]].all():
             raise ValueError("select: a kept node's parent was dropped")
         new_par = np.where(par >= 0, new_index[np.maximum(par, 0)], -1).astype(np.int32)
-        return Draft(self.tokens[keep], new_par, self.probs[keep], self.match_len)
+        dep = None if self._depths is None else self._depths[keep]  # (ancestors all kept)
+        return Draft(self.tokens[keep], new_par, self.probs[keep], self.match_len, dep)
 
     def path_to(self, node: int) -> list[int]:
         """Tokens from the root to `node` inclusive."""
@@ -204,6 +211,7 @@ def build_draft(
     out_tok: list[int] = []
     out_par: list[int] = []
     out_prob: list[float] = []
+    out_dep: list[int] = []
     heap: list = []
     order = 0
 
@@ -237,13 +245,14 @@ def build_draft(
         out_tok.append(t)
         out_par.append(parent)
         out_prob.append(-neg_p)
+        out_dep.append(depth)
         if k > cap:
             s, k = clamp(s, k, cap)
         push_children(idx, s, k, -neg_p, depth)
     if not out_tok:
         return Draft.empty(length)
     return Draft(np.asarray(out_tok, np.int32), np.asarray(out_par, np.int32),
-                 np.asarray(out_prob, np.float32), length)
+                 np.asarray(out_prob, np.float32), length, _frozen(out_dep))
 
 
 def merge_drafts(drafts: list[Draft], max_nodes: int) -> Draft:
@@ -282,4 +291,4 @@ def merge_drafts(drafts: list[Draft], max_nodes: int) -> Draft:
     return Draft(np.asarray([tok[i] for i in order], np.int32),
                  np.asarray([new[par[i]] if par[i] >= 0 else -1 for i in order], np.int32),
                  np.asarray([prob[i] for i in order], np.float32),
-                 max(d.match_len for d in drafts))
+                 max(d.match_len for d in drafts), _frozen([depth[i] for i in order]))
