@@ -306,9 +306,10 @@ def step_jit(fn, kv_format: Format, params, replicated, **static):
 
 
 def _move_slots(kv_all, src, dst):
+    """dst past the end: padding, dropped."""
     L, P, S, C, D = kv_all.shape
     flat = kv_all.reshape(L, P * S, C, D)
-    return flat.at[:, dst].set(flat[:, src]).reshape(L, P, S, C, D)
+    return flat.at[:, dst].set(flat[:, src], mode="drop").reshape(L, P, S, C, D)
 
 
 def _copy_pages(kv_all, src, dst):
@@ -559,13 +560,17 @@ class ModelRunner:
         num_accepted [n_dec], accepted_nodes [n_dec, q-1]) and the prefill (tokens, logprobs)."""
         return self.fetch(self.launch(batch, wait_inputs=True))
 
-    def move_slots(self, src: list[int], dst: list[int]) -> None:
+    def move_slots(self, src, dst) -> None:
         """Copy the K/V at cache slots src to slots dst (all layers): compacts an accepted tree
-        path into consecutive positions."""
-        if src:
-            check_unique("accepted draft slots", dst)
-            self.kv_all = self._move_slots(self.kv_all, self.device_input(src, jnp.int32),
-                                           self.device_input(dst, jnp.int32))
+        path into consecutive positions. Padded to a bucket of sizes (few compiled variants)."""
+        if len(src):
+            n = bucket(len(src), 64)
+            end = self.num_pages * self.page_size
+            check_unique("accepted draft slots", dst, hi=end)
+            src = np.pad(np.asarray(src, np.int32), (0, n - len(src)))
+            dst = np.pad(np.asarray(dst, np.int32), (0, n - len(dst)), constant_values=end)
+            self.kv_all = self._move_slots(self.kv_all, self.device_input(src),
+                                           self.device_input(dst))
 
     def copy_pages(self, pairs: list[tuple[int, int]]) -> None:
         if not pairs:
