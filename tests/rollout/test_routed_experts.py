@@ -1,0 +1,68 @@
+"""Routed experts through the controller: a divided rollout of a tiny Qwen3-MoE over 2 slices with
+experts sharded (tp/ep 2), chunks migrating between them, returns per generated token the expert
+ids a full forward over prompt + response routes; the journal keeps them for a resume."""
+
+import jax
+import numpy as np
+import pytest
+
+from seer_jax.engine.engine import EngineConfig
+from seer_jax.errors import InputError
+from seer_jax.model.config import tiny_config
+from seer_jax.model.generate import full_routing
+from seer_jax.model.llama import init_params
+from seer_jax.model.moe_config import MoeConfig
+from seer_jax.rollout.backends.engine_instance import make_engine_instances
+from seer_jax.rollout.backends.kv_pool import HostKVPool
+from seer_jax.rollout.core.journal import JournalWriter, RequestRecord, read_journal
+from seer_jax.rollout.core.run import rollout
+from seer_jax.rollout.core.types import SamplingParams
+
+pytestmark = pytest.mark.slow  # engines: make test runs these, test-fast does not
+
+MOE = MoeConfig(num_experts=8, num_experts_per_tok=2, expert_intermediate_size=16,
+                norm_topk_prob=True)
+CFG = tiny_config(architecture="Qwen3MoeForCausalLM", qk_norm=True, moe=MOE, eos_token_ids=(7,))
+PARAMS = init_params(CFG, seed=3)
+GROUPS = [np.random.RandomState(0).randint(8, 256, n).tolist() for n in (5, 19, 11)]
+
+
+def test_divided_rollout_routes_like_a_full_forward():
+    pool = HostKVPool()
+    engine = EngineConfig(num_pages=48, page_size=8, max_num_seqs=8, max_num_batched_tokens=16,
+                          max_prefill_seqs=2, return_routed_experts=True)
+    instances = make_engine_instances(CFG, PARAMS, num_instances=2, tp=2, engine_config=engine,
+                                      pool=pool, devices=jax.devices()[:4])
+    out = rollout(GROUPS, group_size=2, max_tokens=12, instances=instances,
+                  sampling=SamplingParams(temperature=1.0, seed=5, return_routed_experts=True),
+                  policy="seer", pool=pool, config={"chunk_size": 4})
+    assert sum(r.migrations for r in out.results) > 0  # chunks moved between the slices
+    assert out.report.kv_bytes_exported > 0
+    for r in out.results:
+        ids = np.asarray(r.routed_experts)
+        assert ids.shape == (len(r.token_ids), 2, 2), r.request_id  # tokens, MoE layers, k
+        seq = np.array([list(r.prompt_ids) + r.token_ids[:-1]])
+        want = np.asarray(full_routing(PARAMS, CFG, seq))[0, len(r.prompt_ids) - 1:]
+        assert np.array_equal(np.sort(ids, -1), np.sort(want, -1)), r.request_id
+
+
+def test_journal_keeps_routed_experts(tmp_path):
+    w = JournalWriter(tmp_path, {"k": 1})
+    w.chunk_end("g0/0", 2, [4, 5], [-0.1, -0.2], 0, [[[1, 2]], [[3, 4]]])
+    w.chunk_end("g0/1", 1, [6], [-0.3], 0)
+    w.finished(RequestRecord("g1/0", [9], [-0.5], [[0, 1]], "eos", 1.0, 1, [[[0, 7]]]))
+    w.close()
+    reqs = read_journal(tmp_path).policy("").requests
+    assert reqs["g0/0"].routed_experts == [[[1, 2]], [[3, 4]]]
+    assert reqs["g0/1"].routed_experts is None
+    assert reqs["g1/0"].routed_experts == [[[0, 7]]]
+    # a record without routing cannot continue a rollout that returns it
+    from seer_jax.rollout.core.policies import GroupState, RequestState
+    from seer_jax.rollout.core.requests import restore_tokens
+
+    req = RequestState("g0/1", GroupState("g0", 0, 8), 1, (1, 2),
+                       SamplingParams(return_routed_experts=True), 8)
+    with pytest.raises(InputError, match="routed experts"):
+        restore_tokens(req, reqs["g0/1"], None)
+    restore_tokens(req, reqs["g0/0"], None)
+    assert req.routed_experts == [[[1, 2]], [[3, 4]]]
