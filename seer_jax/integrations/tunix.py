@@ -56,6 +56,7 @@ from seer_jax.model.sharding import ShardingRules
 from seer_jax.rollout.backends.ray_cluster import RayBackendConfig
 from seer_jax.rollout.core.types import SamplingParams
 
+
 @dataclasses.dataclass
 class SeerRolloutOutput(base_rollout.RolloutOutput):
     """Tunix's RolloutOutput plus, with routed experts on, each completion's routing."""
