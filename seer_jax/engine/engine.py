@@ -53,7 +53,7 @@ class EngineConfig:
     preemption: str = "recompute"  # or "swap"
     max_top_logprobs: int = 0
     # MoE models: sample steps return the routers' expert ids, for requests that ask
-    # (`SamplingParams.return_routed_experts`); not with speculation
+    # (`SamplingParams.return_routed_experts`); verify steps return those of every accepted token
     return_routed_experts: bool = False
     speculation: bool = False  # grouped speculative decoding (drafts from the group context)
     # plan and dispatch step N+1 while step N runs on the device, then commit step N (its
@@ -89,9 +89,6 @@ class EngineConfig:
         if self.layer_weights not in LAYER_WEIGHTS:
             raise ConfigError(f"engine config layer_weights={self.layer_weights!r}: allowed "
                               f"{', '.join(map(repr, LAYER_WEIGHTS))}")
-        if self.return_routed_experts and self.speculation:
-            raise ConfigError("engine config return_routed_experts=True with speculation=True: "
-                              "verify steps do not return routed experts; turn one off")
 
 
 @dataclasses.dataclass
@@ -507,9 +504,13 @@ class Engine:
         (d_toks, d_lps, n_acc, acc_nodes), pre = self.runner.verify(batch)
         src, dst = [], []
         accepted = []
+        q = batch.layout.q_dec
         for i, seq in enumerate(decode):
             a = int(n_acc[i])
             root = seq.num_computed
+            if seq.sampling.return_routed_experts:  # token j came from the root, then node j-1
+                rows = [i * q] + [i * q + 1 + n for n in acc_nodes[i, :a].tolist()]
+                seq.routed_experts.extend(self.runner.routed_experts[rows].tolist())
             for k, node in enumerate(acc_nodes[i, :a].tolist()):
                 if node != k:  # compact the accepted tree path into consecutive slots
                     src.append(self.kv.slot(seq, root + 1 + node))
@@ -527,6 +528,8 @@ class Engine:
         for seq, row in batch.rows:
             if row >= split:
                 emissions.append((seq, [int(pre[0][row - split])], [float(pre[1][row - split])], []))
+                if seq.sampling.return_routed_experts:
+                    seq.routed_experts.append(self.runner.routed_experts[row].tolist())
         return emissions
 
     def _commit(self, plan: StepPlan, emissions, t0: float) -> list[RequestOutput]:

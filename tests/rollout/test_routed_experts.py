@@ -72,3 +72,38 @@ def test_journal_keeps_routed_experts(tmp_path):
         restore_tokens(req, reqs["g0/1"], None)
     restore_tokens(req, reqs["g0/0"], None)
     assert req.routed_experts == [[[1, 2]], [[3, 4]]]
+
+
+def test_speculative_verify_steps_route_every_accepted_token():
+    """Drafts forking at the root (a wrong branch first, the greedy continuation second): the
+    accepted path is compacted off tree nodes, and each accepted token's routing is the one at
+    its node; the same as a full forward's, as without speculation."""
+    from seer_jax.drafting.draft import Draft
+    from seer_jax.engine.engine import Engine
+    from seer_jax.engine.speculation import Speculator
+    from seer_jax.model.generate import generate
+    from tests.engine.test_speculative_engine import ScriptedService, always_on, run
+
+    prompt = GROUPS[1]
+    ref = generate(PARAMS, CFG, [prompt], 16, eos_ids=())[0].token_ids
+
+    def make_draft(rid, toks):
+        right = ref[len(toks):len(toks) + 3]
+        if not right:
+            return Draft.empty()
+        n = len(right)
+        return Draft(np.array([(right[0] + 1) % CFG.vocab_size] + right, np.int32),
+                     np.array([-1, -1] + list(range(1, n)), np.int32), np.ones(n + 1, np.float32))
+
+    spec = Speculator(ScriptedService(make_draft), always_on(4))
+    engine = Engine(CFG, PARAMS, EngineConfig(num_pages=48, page_size=4, max_num_seqs=4,
+                                              max_num_batched_tokens=32, speculation=True,
+                                              return_routed_experts=True),
+                    speculator=spec, eos_ids=())
+    out = run(engine, [("r", prompt, 16, SamplingParams(temperature=0.0,
+                                                        return_routed_experts=True), "g")])["r"]
+    assert out.token_ids == ref and spec.accepted >= 8
+    ids = np.asarray(out.routed_experts)
+    want = np.asarray(full_routing(PARAMS, CFG, np.array([prompt + ref[:-1]])))[0, len(prompt) - 1:]
+    assert ids.shape == want.shape == (16, 2, 2)
+    assert np.array_equal(np.sort(ids, -1), np.sort(want, -1))
