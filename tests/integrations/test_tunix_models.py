@@ -102,6 +102,17 @@ def test_tunix_qwen3_moe_gives_the_tunix_models_logits():
     _, per_expert = _ours(model, pure)
     for k, v in params["layers"].items():
         np.testing.assert_array_equal(np.asarray(per_expert["layers"][k]), np.asarray(v))
+    # weight sync onto a 2-device slice: whole experts per device (expert parallelism)
+    from jax.sharding import Mesh
+
+    from seer_jax.integrations.weight_sync import params_on, reshard_params
+
+    mesh = Mesh(np.array(jax.devices()[:2]), ("tp",))
+    on_slice = reshard_params(params, mesh, cfg)
+    assert params_on(on_slice, mesh)
+    assert on_slice["layers"]["we_down"].sharding.shard_shape((2, 8, 32, 64)) == (2, 4, 32, 64)
+    for k, v in params["layers"].items():
+        np.testing.assert_array_equal(np.asarray(on_slice["layers"][k]), np.asarray(v))
 
 
 def _lora_model(family="qwen2", alpha=8.0):
