@@ -32,6 +32,8 @@ is a `MoELayer` (softmax over the experts, top `num_experts_per_tok`, the weight
 sum 1; no shared expert), which is our `Qwen3MoeForCausalLM` with `norm_topk_prob`; the config's
 `hidden_dim` is the experts' intermediate size. Its experts are stored stacked, [experts, ...] per
 layer, as ours are (per-expert modules, as some checkpoints hold them, are stacked here too).
+Tunix computes the router's logits in the model's compute dtype, ours in float32: in float32 the
+two route alike; in bfloat16 a near tie between two experts' scores may route differently.
 """
 
 from __future__ import annotations
