@@ -54,7 +54,7 @@ class EngineConfig:
     preemption: str = "recompute"  # or "swap"
     max_top_logprobs: int = 0
     # MoE models: sample steps return the routers' expert ids, for requests that ask
-    # (`SamplingParams.return_routed_experts`); not with speculation
+    # (`SamplingParams.return_routed_experts`); verify steps return those of every accepted token
     return_routed_experts: bool = False
     speculation: bool = False  # grouped speculative decoding (drafts from the group context)
     # plan and dispatch step N+1 while step N runs on the device, then commit step N (its
@@ -91,9 +91,6 @@ class EngineConfig:
         if self.layer_weights not in LAYER_WEIGHTS:
             raise ConfigError(f"engine config layer_weights={self.layer_weights!r}: allowed "
                               f"{', '.join(map(repr, LAYER_WEIGHTS))}")
-        if self.return_routed_experts and self.speculation:
-            raise ConfigError("engine config return_routed_experts=True with speculation=True: "
-                              "verify steps do not return routed experts; turn one off")
 
 
 @dataclasses.dataclass
@@ -543,6 +540,12 @@ class Engine:
     def _accept(self, plan: StepPlan, out) -> list[tuple[Request, list[int], list[float], list]]:
         """The emissions of a verified step (`spec_steps.accept`), its prefill rows after."""
         dec_out, pre = out
+        if any(s.sampling.return_routed_experts for s in plan.decode):
+            q, (_, _, n_acc, acc_nodes) = plan.batch.layout.q_dec, dec_out
+            for i, seq in enumerate(plan.decode):
+                if seq.sampling.return_routed_experts:  # token j came from the root, then node j-1
+                    rows = [i * q] + [i * q + 1 + n for n in acc_nodes[i, :int(n_acc[i])].tolist()]
+                    seq.routed_experts.extend(self.runner.routed_experts[rows].tolist())
         emissions = spec_steps.accept(plan.decode, plan.drafts, dec_out, self.kv, self.runner,
                                       self.spec)
         split = plan.batch.layout.n_dec * plan.batch.layout.q_dec
@@ -551,6 +554,8 @@ class Engine:
         for seq, row in plan.batch.rows:
             if row >= split:
                 emissions.append((seq, [int(pre[0][row - split])], [float(pre[1][row - split])], []))
+                if seq.sampling.return_routed_experts:
+                    seq.routed_experts.append(self.runner.routed_experts[row].tolist())
         return emissions
 
     def _commit(self, plan: StepPlan, emissions, t0: float) -> list[RequestOutput]:
