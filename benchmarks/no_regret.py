@@ -3,8 +3,10 @@ preset (configs/sim/*.py) and on both halves of the real reasoning trace, over s
 seeds.
 
     .venv/bin/python benchmarks/no_regret.py [--seeds 0,1,2,3] [--presets small,moonlight,...]
-        [--policies seer,request_fcfs] [--json benchmarks/results/no_regret.json]
+        [--policies seer,request_fcfs] [--jobs N] [--json benchmarks/results/no_regret.json]
         [--config.key=value ...]
+
+`--jobs`: run (workload, seed) cells in N processes (the results do not depend on it).
 
 Trace halves: benchmarks/data/r1_aime_lengths.jsonl's problems, in file order, split into a
 first and a second half (186 problems each); each half is resampled to the r1_aime preset's 400
@@ -20,6 +22,7 @@ request_fcfs's on every workload and seed).
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import json
 import pathlib
 import sys
@@ -70,11 +73,25 @@ def workload_for(name: str, overrides: list[str], seed: int):
     return cfg, sim.build_workload(cfg, seed=seed)
 
 
+COST = {"kimi_k2": 6, "moonlight": 5, "r1_aime": 3, "r1_aime_half1": 3, "r1_aime_half2": 3,
+        "qwen2_vl_72b": 2}  # relative run time, for scheduling
+
+
+def run_cell(cell) -> tuple[dict, float]:
+    """Makespan per policy of one (workload, seed), and the wall seconds it took."""
+    name, seed, overrides, pols = cell
+    cfg, work = workload_for(name, overrides, seed)
+    t = time.perf_counter()
+    ms = {p: sim.simulate(cfg, p, workload=work, catalog=CATALOG).report.makespan_s for p in pols}
+    return ms, time.perf_counter() - t
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", default="0,1,2,3")
     ap.add_argument("--presets", default=",".join(PRESETS + TRACE_HALVES))
     ap.add_argument("--policies", default="seer,request_fcfs")
+    ap.add_argument("--jobs", type=int, default=1)
     ap.add_argument("--json", default="benchmarks/results/no_regret.json")
     args, overrides = ap.parse_known_args()
     run = run_info()  # the code that runs, before anything can change the tree
@@ -86,21 +103,24 @@ def main() -> int:
     for n in names:
         if n not in PRESETS + TRACE_HALVES:
             ap.error(f"unknown preset {n!r}; allowed: {', '.join(PRESETS + TRACE_HALVES)}")
-    rows: dict[str, dict] = {}
-    summary: dict = {"seeds": seeds, "policies": pols, "workloads": {}}
+    # the slowest presets first, so N processes finish together
+    order = sorted(names, key=lambda n: -COST.get(n, 1))
+    cells = [(n, sd, overrides, pols) for n in order for sd in seeds]
     print(f"{'workload':14s} {'seed':>4s} " + " ".join(f"{p:>14s}" for p in pols)
           + f" {'seer/fcfs':>9s}")
-    for n in names:
-        rows[n] = {}
-        for sd in seeds:
-            cfg, work = workload_for(n, overrides, sd)
-            t = time.perf_counter()
-            ms = {p: sim.simulate(cfg, p, workload=work, catalog=CATALOG).report.makespan_s
-                  for p in pols}
+    rows: dict[str, dict] = {n: {} for n in names}
+    with concurrent.futures.ProcessPoolExecutor(max(1, args.jobs)) as ex:
+        futures = {ex.submit(run_cell, c): c for c in cells}
+        for fut in concurrent.futures.as_completed(futures):
+            n, sd, _, _ = futures[fut]
+            ms, wall = fut.result()
             ratio = ms["seer"] / ms["request_fcfs"]
             rows[n][str(sd)] = {"makespan_s": ms, "seer_over_request_fcfs": ratio}
             print(f"{n:14s} {sd:4d} " + " ".join(f"{ms[p]:13.1f}s" for p in pols)
-                  + f" {ratio:9.4f}  ({time.perf_counter() - t:.0f} s)", flush=True)
+                  + f" {ratio:9.4f}  ({wall:.0f} s)", flush=True)
+    rows = {n: {str(s): rows[n][str(s)] for s in seeds} for n in names}
+    summary: dict = {"seeds": seeds, "policies": pols, "workloads": {}}
+    for n in names:
         ratios = [rows[n][str(s)]["seer_over_request_fcfs"] for s in seeds]
         summary["workloads"][n] = {
             "makespan_ratio_seer_over_request_fcfs_mean": sum(ratios) / len(ratios),
