@@ -233,15 +233,18 @@ def test_seer_hedged_serves_lone_long_siblings_first():
     groups = make_groups(3, 4)
     p = bound("seer", groups, estimator="hedged")
     g0 = [p.pop() for _ in range(4)]
-    g1 = [p.pop() for _ in range(2)]  # g1/0, g1/1
+    g1 = [p.pop() for _ in range(4)]
     run_chunk(p, g0[0], 50, finished=True)
-    run_chunk(p, g0[1], 100, finished=True)  # half of g0 finished, longest 100
-    run_chunk(p, g0[2], 400, finished=False)  # 400 <= 4 x 100: back of the line
+    run_chunk(p, g0[1], 100, finished=True)  # half of g0 finished, longest 100 <= 3 x 50
+    run_chunk(p, g0[2], 600, finished=False)  # 600 <= 6 x 100: back of the line
     run_chunk(p, g1[0], 20, finished=True)
-    run_chunk(p, g1[1], 900, finished=False)  # 900 > 4 x 20, but 1 of 4 finished: weak
-    run_chunk(p, g0[3], 401, finished=False)  # 401 > 4 x 100, half finished: served first
-    assert p.lone_long(g0[3]) and not p.lone_long(g0[2]) and not p.lone_long(g1[1])
-    assert drain(p) == ["g0/3", "g1/2", "g1/3", "g2/0", "g2/1", "g2/2", "g2/3", "g0/2", "g1/1"]
+    run_chunk(p, g1[1], 900, finished=False)  # 900 > 6 x 20, but 1 of 4 finished: weak
+    run_chunk(p, g1[2], 70, finished=True)  # g1 half finished, but 70 > 3 x 20: disagree
+    assert not p.lone_long(g1[1])
+    run_chunk(p, g0[3], 601, finished=False)  # 601 > 6 x 100, half finished: served first
+    run_chunk(p, g1[3], 100, finished=False)
+    assert p.lone_long(g0[3]) and not p.lone_long(g0[2])
+    assert drain(p) == ["g0/3", "g2/0", "g2/1", "g2/2", "g2/3", "g0/2", "g1/1", "g1/3"]
 
 
 def test_seer_hedged_rekeys_siblings_when_their_group_finishes_more():
@@ -249,9 +252,9 @@ def test_seer_hedged_rekeys_siblings_when_their_group_finishes_more():
     p = bound("seer", groups, estimator="hedged")
     a, b, c, _ = (p.pop() for _ in range(4))  # g0/0..3
     run_chunk(p, a, 100, finished=True)
-    run_chunk(p, b, 500, finished=False)  # 1 of 4 finished: back of the line
+    run_chunk(p, b, 800, finished=False)  # 1 of 4 finished: back of the line
     assert not p.lone_long(b)
-    run_chunk(p, c, 120, finished=True)  # 2 of 4 finished, longest 120: b (500) is lone long
+    run_chunk(p, c, 120, finished=True)  # 2 of 4 finished, longest 120: b (800) is lone long
     assert p.lone_long(b)
     assert drain(p) == ["g0/1", "g1/0", "g1/1", "g1/2", "g1/3"]
 

@@ -29,8 +29,9 @@ CATALOG = PolicyCatalog(POLICIES)
 def default_policy_options() -> ml_collections.ConfigDict:
     """`policy.<name>.*` config: each policy's own options with their defaults.
 
-    seer.estimator: "hedged" (FCFS, except that a request of a mostly finished group that has
-        generated over 4x its longest finished sibling is served first), "posterior" (hierarchical log-normal model
+    seer.estimator: "hedged" (FCFS, except that a request of a mostly finished group whose
+        finished responses agree, that has generated over 6x the longest of them, is served
+        first), "posterior" (hierarchical log-normal model
         fitted online; a request that outlived its group ranks as unknown), "first_finisher" (FCFS,
         deferring requests of groups whose first response stopped early) or "max_finished"
         (the paper's L_g).

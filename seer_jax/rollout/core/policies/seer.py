@@ -5,18 +5,20 @@ Four ordering rules (`estimator` option):
 - `"hedged"` (default): first-come-first-served over the request buffer, as `request_fcfs` (a
   request whose chunk ended goes to the back of the line), except that a request with strong
   evidence of being a lone long sibling is served first (ties: lower enqueue number first): at
-  least half of its group has finished (`HEDGE_MIN_FINISHED`) and it has generated more than
-  `HEDGE_OUTLIVE` (4) times the group's *longest* finished response. No probes, no length
-  model. Why: a synchronous RL iteration waits for its last response, so the makespan is what
-  counts, and every rule that reorders on weaker evidence lost makespan to FCFS somewhere. On
-  the memory-bound Moonlight preset (KV for ~230K tokens per instance) serving the
-  longest-looking requests first fills the KV budget with long contexts, so even the posterior's
-  ranking and a 2x-of-the-shortest outlive rule made the makespan 2-4% longer than FCFS's;
-  probes (one high-priority sample per group) moved the small preset's makespan by a few
-  percent either way. What pays is the lone long sibling of a bimodal group on real reasoning
-  traces (six responses stop at 1-2K tokens, one loops towards the cap): FCFS sends it to the
-  back of the line after each chunk, so it finishes last. Where the evidence never gets that
-  strong (the synthetic presets' log-normal groups), the order is exactly FCFS's.
+  least half of its group has finished (`HEDGE_MIN_FINISHED`), the finished responses agree
+  (the longest at most `HEDGE_SPREAD` (3) times the shortest), and it has generated more than
+  `HEDGE_OUTLIVE` (6) times the longest. No probes, no length model. Why: a synchronous RL
+  iteration waits for its last response, so the makespan is what counts, and every rule that
+  reorders on weaker evidence lost makespan to FCFS somewhere. On the memory-bound Moonlight
+  preset (KV for ~230K tokens per instance) serving the longest-looking requests first fills
+  the KV budget with long contexts, so the posterior's ranking, a 2x-of-the-shortest outlive
+  rule, and this rule without the agreement condition all made the makespan longer than
+  FCFS's on some seeds (so did 4x instead of 6x); probes (one high-priority sample per group) moved the small preset's
+  makespan a few percent either way. What pays is the lone long sibling of a bimodal group on
+  real reasoning traces (six responses stop at 1-2K tokens, one loops towards the cap): FCFS
+  sends it to the back of the line after each chunk, so it finishes last. Where the evidence
+  never gets that strong (the synthetic presets' log-normal groups, whose G samples spread
+  wider), the order is exactly FCFS's.
 - `"posterior"`: each request's remaining length is read off a hierarchical
   log-normal length model fitted online to the rollout itself (`length_model`): finished
   siblings are exact lengths, unfinished ones (this request included) are censored at what they
@@ -71,8 +73,9 @@ DEFER = 0.375  # first_finisher: deferral, in rollouts' request counts
 SHORT_FRACTION = 0.1875  # first_finisher: "short" first finisher, as a share of max_tokens
 SPREAD_GATE = 0.5  # first_finisher: no deferral once the within-group log sd exceeds this
 SPREAD_MIN_DF = 20  # ... measured on at least this many degrees of freedom
-HEDGE_OUTLIVE = 4  # hedged: served first past this many times the longest finished sibling
+HEDGE_OUTLIVE = 6  # hedged: served first past this many times the longest finished sibling
 HEDGE_MIN_FINISHED = 0.5  # ... once at least this share of its group has finished
+HEDGE_SPREAD = 3  # ... and its longest finished response is at most this many x the shortest
 OUTLIVE = 2  # a request past OUTLIVE x its group's shortest finished response has outlived it
 # (hedged: served first; posterior: ranked as unknown; first_finisher: never deferred)
 
@@ -180,11 +183,12 @@ class SeerPolicy(Policy):
         return m is not None and req.generated > OUTLIVE * m
 
     def lone_long(self, req: RequestState) -> bool:
-        """hedged: `req`'s group has mostly finished and `req` has generated more than
-        HEDGE_OUTLIVE x its longest finished response."""
+        """hedged: `req`'s group has mostly finished, its finished responses agree (longest <=
+        HEDGE_SPREAD x shortest) and `req` has generated more than HEDGE_OUTLIVE x the longest."""
         g = req.group
         m = g.finished_max_len
         return (m is not None and g.num_finished >= HEDGE_MIN_FINISHED * len(g.requests)
+                and m <= HEDGE_SPREAD * self._shortest.get(req.group_id, m)
                 and req.generated > HEDGE_OUTLIVE * m)
 
     def place(self, req: RequestState) -> float:
