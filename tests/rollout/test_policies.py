@@ -201,11 +201,11 @@ def first_finisher(groups, **options):
     return bound("seer", groups, estimator="first_finisher", **options)
 
 
-def test_seer_default_is_the_posterior_with_probes():
+def test_seer_posterior_has_probes():
     groups = make_groups(2, 2)
     p = make_policy("seer")
-    p.bind(groups, {})
-    assert p.estimator == "posterior" and p.starvation_pops == 4 * 4
+    p.bind(groups, {"estimator": "posterior"})
+    assert p.starvation_pops == 4 * 4
     assert [r.is_probe for g in groups for r in g.requests] == [True, False, True, False]
     for g in groups:
         for r in g.requests:
@@ -213,6 +213,50 @@ def test_seer_default_is_the_posterior_with_probes():
     # nothing known: the probes (priority 1) first, the rest first-come-first-served
     assert [p.priority(r) for g in groups for r in g.requests] == [1, 0, 1, 0]
     assert drain(p) == ["g0/0", "g1/0", "g0/1", "g1/1"]
+
+
+def test_seer_default_is_hedged_fcfs_without_probes():
+    groups = make_groups(2, 3)
+    p = make_policy("seer")
+    p.bind(groups, {})
+    assert p.estimator == "hedged" and p.starvation_pops == 0 and p.model is None
+    assert not any(r.is_probe for g in groups for r in g.requests)
+    for g in groups:
+        for r in g.requests:
+            p.push(r)
+    assert [p.priority(r) for g in groups for r in g.requests] == [0] * 6
+    assert p.estimate_remaining(groups[0].requests[0]) is None
+    assert drain(p) == ["g0/0", "g0/1", "g0/2", "g1/0", "g1/1", "g1/2"]
+
+
+def test_seer_hedged_serves_lone_long_siblings_first():
+    groups = make_groups(3, 4)
+    p = bound("seer", groups, estimator="hedged")
+    g0 = [p.pop() for _ in range(4)]
+    g1 = [p.pop() for _ in range(4)]
+    run_chunk(p, g0[0], 50, finished=True)
+    run_chunk(p, g0[1], 100, finished=True)  # half of g0 finished, longest 100 <= 3 x 50
+    run_chunk(p, g0[2], 600, finished=False)  # 600 <= 6 x 100: back of the line
+    run_chunk(p, g1[0], 20, finished=True)
+    run_chunk(p, g1[1], 900, finished=False)  # 900 > 6 x 20, but 1 of 4 finished: weak
+    run_chunk(p, g1[2], 70, finished=True)  # g1 half finished, but 70 > 3 x 20: disagree
+    assert not p.lone_long(g1[1])
+    run_chunk(p, g0[3], 601, finished=False)  # 601 > 6 x 100, half finished: served first
+    run_chunk(p, g1[3], 100, finished=False)
+    assert p.lone_long(g0[3]) and not p.lone_long(g0[2])
+    assert drain(p) == ["g0/3", "g2/0", "g2/1", "g2/2", "g2/3", "g0/2", "g1/1", "g1/3"]
+
+
+def test_seer_hedged_rekeys_siblings_when_their_group_finishes_more():
+    groups = make_groups(2, 4)
+    p = bound("seer", groups, estimator="hedged")
+    a, b, c, _ = (p.pop() for _ in range(4))  # g0/0..3
+    run_chunk(p, a, 100, finished=True)
+    run_chunk(p, b, 800, finished=False)  # 1 of 4 finished: back of the line
+    assert not p.lone_long(b)
+    run_chunk(p, c, 120, finished=True)  # 2 of 4 finished, longest 120: b (800) is lone long
+    assert p.lone_long(b)
+    assert drain(p) == ["g0/1", "g1/0", "g1/1", "g1/2", "g1/3"]
 
 
 def test_first_finisher_known_long_and_unknown_outrank_fresh_known_short():

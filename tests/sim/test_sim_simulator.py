@@ -79,10 +79,10 @@ def test_overcommitting_baseline_preempts_and_seer_does_not():
 def test_macro_steps_match_exact_steps(monkeypatch):
     base = ("--config.workload.num_prompts=10", "--config.workload.max_tokens=1500",
             "--config.cluster.kv_capacity_tokens=10000")
-    # the context-free policies' schedules, and seer's first_finisher rule (no progress reads),
-    # are the same with macro steps as with exact steps
-    for est in ("request_fcfs", "oracle_lfs", "first_finisher"):
-        policy = "seer" if est == "first_finisher" else est
+    # the context-free policies' schedules, and seer's hedged and first_finisher rules (no
+    # progress reads), are the same with macro steps as with exact steps
+    for est in ("request_fcfs", "oracle_lfs", "first_finisher", "hedged"):
+        policy = "seer" if est in ("first_finisher", "hedged") else est
         opt = (f"--config.policy.seer.estimator={est}",) if policy == "seer" else ()
         exact = simulate(_cfg(*base, *opt, "--config.cluster.macro_steps=1"), policy)
         macro = simulate(_cfg(*base, *opt, "--config.cluster.macro_steps=64"), policy)
@@ -96,8 +96,9 @@ def test_macro_steps_match_exact_steps(monkeypatch):
     from seer_jax.rollout.core.policies.seer import SeerPolicy
 
     monkeypatch.setattr(SeerPolicy, "wants_progress", lambda self: False)
-    exact = simulate(_cfg(*base, "--config.cluster.macro_steps=1"), "seer")
-    macro = simulate(_cfg(*base, "--config.cluster.macro_steps=64"), "seer")
+    post = "--config.policy.seer.estimator=posterior"
+    exact = simulate(_cfg(*base, post, "--config.cluster.macro_steps=1"), "seer")
+    macro = simulate(_cfg(*base, post, "--config.cluster.macro_steps=64"), "seer")
     assert macro.iterations == exact.iterations
     assert macro.report.makespan_s == pytest.approx(exact.report.makespan_s, rel=1e-5)
 

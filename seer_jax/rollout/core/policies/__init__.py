@@ -29,8 +29,10 @@ CATALOG = PolicyCatalog(POLICIES)
 def default_policy_options() -> ml_collections.ConfigDict:
     """`policy.<name>.*` config: each policy's own options with their defaults.
 
-    seer.estimator: "posterior" (hierarchical log-normal model fitted online; a request that
-        outlived twice its group's shortest response ranks as unknown), "first_finisher" (FCFS,
+    seer.estimator: "hedged" (FCFS, except that a request of a mostly finished group whose
+        finished responses agree, that has generated over 6x the longest of them, is served
+        first), "posterior" (hierarchical log-normal model
+        fitted online; a request that outlived its group ranks as unknown), "first_finisher" (FCFS,
         deferring requests of groups whose first response stopped early) or "max_finished"
         (the paper's L_g).
     seer.defer / seer.short_fraction: with "first_finisher", how far (a share of the rollout's
@@ -42,7 +44,7 @@ def default_policy_options() -> ml_collections.ConfigDict:
         (-1 = auto, 0 = off).
     """
     return ml_collections.ConfigDict(
-        {"seer": {"estimator": "posterior", "quantile": 0.995, "starvation_pops": -1,
+        {"seer": {"estimator": "hedged", "quantile": 0.995, "starvation_pops": -1,
                   "defer": 0.375, "short_fraction": 0.1875}})
 
 
