@@ -65,6 +65,8 @@ class AttentionPlan:
     mesh: Mesh | None  # shard_map over its "tp" axis when given (kernels; reference, Hkv < tp)
     tp: int
     kv_repeat: int  # cache KV heads = model KV heads * kv_repeat
+    # MoE models on tp > 1: the mesh whose "tp" axis splits the experts (`seer_jax.model.moe`)
+    expert_mesh: Mesh | None = None
 
     @property
     def kernel(self) -> bool:
@@ -97,7 +99,8 @@ def make_plan(cfg: ModelConfig, impl: str, mesh: Mesh | None) -> AttentionPlan:
                               "divided by tp")
         repeat = max(1, tp // hkv)
     return AttentionPlan(impl=which, interpret=which in KERNEL_IMPLS and platform == "cpu",
-                         mesh=mesh if sharded else None, tp=tp, kv_repeat=repeat)
+                         mesh=mesh if sharded else None, tp=tp, kv_repeat=repeat,
+                         expert_mesh=mesh if cfg.moe is not None and tp > 1 else None)
 
 
 def check_kernel_shapes(plan: AttentionPlan, cfg: ModelConfig, *, page_size: int, dtype_bytes: int,

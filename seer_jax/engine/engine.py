@@ -52,6 +52,9 @@ class EngineConfig:
     prefix_sharing: bool = True
     preemption: str = "recompute"  # or "swap"
     max_top_logprobs: int = 0
+    # MoE models: sample steps return the routers' expert ids, for requests that ask
+    # (`SamplingParams.return_routed_experts`); not with speculation
+    return_routed_experts: bool = False
     speculation: bool = False  # grouped speculative decoding (drafts from the group context)
     # plan and dispatch step N+1 while step N runs on the device, then commit step N (its
     # sampled tokens feed step N+1 on the device); finished requests come back one step later.
@@ -86,6 +89,9 @@ class EngineConfig:
         if self.layer_weights not in LAYER_WEIGHTS:
             raise ConfigError(f"engine config layer_weights={self.layer_weights!r}: allowed "
                               f"{', '.join(map(repr, LAYER_WEIGHTS))}")
+        if self.return_routed_experts and self.speculation:
+            raise ConfigError("engine config return_routed_experts=True with speculation=True: "
+                              "verify steps do not return routed experts; turn one off")
 
 
 @dataclasses.dataclass
@@ -114,6 +120,8 @@ class RequestOutput:
     finish_reason: str | None  # "eos" | "stop" | "length" | "abort"
     metrics: RequestMetrics
     kv: KVBlob | None = None  # with add_request(keep_kv=True): the KV when it ended on "length"
+    # with SamplingParams.return_routed_experts: per token, per MoE layer, the chosen expert ids
+    routed_experts: list[list[list[int]]] | None = None
 
 
 @dataclasses.dataclass
@@ -182,9 +190,12 @@ class Engine:
         self.max_model_len = config.max_model_len or cfg.max_position_embeddings
         num_pages = config.kv_pages(cfg.kv_bytes_per_token())
         self.blocks = BlockManager(num_pages, config.page_size)
+        if config.return_routed_experts and cfg.moe is None:
+            raise ConfigError(f"engine config return_routed_experts=True: {cfg.architecture} has "
+                              "no mixture-of-experts layers")
         self.runner = ModelRunner(
             cfg, params, num_pages, config.page_size, mesh, config.impl,
-            layer_weights=config.layer_weights,
+            layer_weights=config.layer_weights, routed_experts=config.return_routed_experts,
             max_seqs=max(config.max_num_seqs, config.max_prefill_seqs),
             pages_per_seq=self.blocks.pages_for(self.max_model_len),
             max_tokens=max(config.max_num_batched_tokens, config.max_num_seqs * 8))
@@ -238,6 +249,9 @@ class Engine:
         if sampling.top_logprobs > self.config.max_top_logprobs:
             raise InputError(f"request {request_id!r}: top_logprobs={sampling.top_logprobs} exceeds the "
                              f"engine's max_top_logprobs={self.config.max_top_logprobs}")
+        if sampling.return_routed_experts and not self.config.return_routed_experts:
+            raise InputError(f"request {request_id!r}: return_routed_experts needs an engine built "
+                             "with return_routed_experts=True")
         seq = Request(request_id, prompt, list(output_ids), len(output_ids), max_tokens, sampling,
                    RequestMetrics(arrival_time=self.clock()), keep_kv=keep_kv,
                    group_id=request_id if group_id is None else group_id, priority=priority)
@@ -399,6 +413,8 @@ class Engine:
                 k = seq.sampling.top_logprobs
                 seq.tops.append(list(zip(top[0][row, :k].tolist(), top[1][row, :k].tolist(),
                                          strict=True)))
+            if seq.sampling.return_routed_experts:
+                seq.routed_experts.append(self.runner.routed_experts[row].tolist())
             if seq.metrics.first_token_time is None:
                 seq.metrics.first_token_time = now
             reason = self._finish_reason(seq, tok)
@@ -484,6 +500,8 @@ class Engine:
                 if seq.sampling.top_logprobs:
                     k = seq.sampling.top_logprobs
                     tops = [list(zip(top[0][row, :k].tolist(), top[1][row, :k].tolist(), strict=True))]
+                if seq.sampling.return_routed_experts:
+                    seq.routed_experts.append(self.runner.routed_experts[row].tolist())
                 emissions.append((seq, [toks[row]], [lps[row]], tops))
             return emissions
         (d_toks, d_lps, n_acc, acc_nodes), pre = self.runner.verify(batch)
@@ -586,7 +604,9 @@ class Engine:
 
     def _output(self, seq: Request, reason: str) -> RequestOutput:
         return RequestOutput(seq.request_id, seq.prompt, seq.output[seq.base_len:], seq.logprobs,
-                             seq.tops if seq.sampling.top_logprobs else None, reason, seq.metrics)
+                             seq.tops if seq.sampling.top_logprobs else None, reason, seq.metrics,
+                             routed_experts=(seq.routed_experts[:len(seq.output) - seq.base_len]
+                                             if seq.sampling.return_routed_experts else None))
 
     # ------------------------------------------------------------------ conveniences
     def run_until_done(self, max_steps: int = 1_000_000) -> dict[str, RequestOutput]:

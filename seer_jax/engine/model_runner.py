@@ -103,6 +103,7 @@ class Launched:
     packed: jax.Array
     h2d_s: float = 0.0
     dispatch_s: float = 0.0
+    routed: tuple[int, ...] | None = None  # shape of the routed expert ids after the outputs
 
 
 def spans_processes(mesh: Mesh | None) -> bool:
@@ -178,16 +179,22 @@ def _paged_attention(cache, meta, layer, q, k, v, *, layout: Layout, plan: Atten
     return out, kv_all
 
 
-def _sample_step(params, kv_all, batch, *, cfg, layout, plan, num_top, unroll=1):
+def _sample_step(params, kv_all, batch, *, cfg, layout, plan, num_top, unroll=1, routed=False):
+    """routed: the MoE routers' expert ids of every sampled row follow the outputs
+    ([rows, num_moe_layers, experts per token])."""
     TRACE_COUNTS["step"] += 1
     attention = functools.partial(_paged_attention, layout=layout, plan=plan)
-    logits, kv_all = forward(params, cfg, batch["tokens"], batch["positions"], kv_all, batch,
-                             attention, logits_index=batch["logits_index"], unroll=unroll)
+    logits, kv_all, *routing = forward(
+        params, cfg, batch["tokens"], batch["positions"], kv_all, batch, attention,
+        logits_index=batch["logits_index"], unroll=unroll, expert_mesh=plan.expert_mesh,
+        return_routing=routed)
     keys = request_keys(batch["seeds"], batch["gen_index"])
     toks, lps = sample_tokens(logits, keys, batch["temperature"], batch["top_p"], batch["top_k"])
     out = [toks, lps]
     if num_top:
         out += top_logprobs(logits, batch["temperature"], batch["top_p"], batch["top_k"], num_top)
+    if routed:
+        out.append(routing[0][:, batch["logits_index"]].transpose(1, 0, 2))
     return kv_all, pack_outputs(*out)
 
 
@@ -198,7 +205,8 @@ def _verify_step(params, kv_all, batch, *, cfg, layout, plan, unroll=1):
     TRACE_COUNTS["step"] += 1
     attention = functools.partial(_paged_attention, layout=layout, plan=plan)
     logits, kv_all = forward(params, cfg, batch["tokens"], batch["positions"], kv_all, batch,
-                             attention, logits_index=batch["logits_index"], unroll=unroll)
+                             attention, logits_index=batch["logits_index"], unroll=unroll,
+                             expert_mesh=plan.expert_mesh)
     nd, q = layout.n_dec, layout.q_dec
     keys = request_keys(batch["seeds"], batch["gen_index"])
     temp, top_p, top_k = batch["temperature"], batch["top_p"], batch["top_k"]
@@ -274,8 +282,8 @@ def _merge_tokens(tokens, src, prev):
 STEP_STATIC = {_sample_step: ("cfg", "layout", "plan", "num_top"),
                _verify_step: ("cfg", "layout", "plan")}
 # optional static arguments: `unroll`, the layer scan's unroll (compiled cost analyses count a
-# loop body once)
-STEP_OPTIONAL = ("unroll",)
+# loop body once); `routed` (sample steps), the routed expert ids of every sampled row
+STEP_OPTIONAL = ("unroll", "routed")
 
 
 def cache_format(sharding) -> Format:
@@ -347,11 +355,17 @@ class ModelRunner:
     def __init__(self, cfg: ModelConfig, params: Params, num_pages: int, page_size: int,
                  mesh: Mesh | None = None, attention_impl: str = "auto",
                  rules: ShardingRules = ShardingRules(), *, max_seqs: int = 0,
-                 pages_per_seq: int = 0, max_tokens: int = 0, layer_weights: str = "auto"):
+                 pages_per_seq: int = 0, max_tokens: int = 0, layer_weights: str = "auto",
+                 routed_experts: bool = False):
         """max_seqs, pages_per_seq, max_tokens: the largest batch the engine will build; with
         them a kernel impl that cannot lower for these shapes is refused here (ConfigError).
-        layer_weights: how the layer weights are held (`llama.LAYER_WEIGHTS`)."""
+        layer_weights: how the layer weights are held (`llama.LAYER_WEIGHTS`).
+        routed_experts: sample steps also return the MoE routers' expert ids of every sampled
+        row (`routed_experts` after each `fetch` of one)."""
         self.cfg = cfg
+        self.routed = ((cfg.num_moe_layers, cfg.moe.num_experts_per_tok)
+                       if routed_experts and cfg.moe is not None else None)
+        self.routed_experts: np.ndarray | None = None  # [rows, moe layers, k] of the last fetch
         self.page_size = page_size
         self.num_pages = num_pages
         self.mesh = mesh
@@ -406,7 +420,7 @@ class ModelRunner:
 
     def set_params(self, params: Params) -> None:
         """New weights (stacked or per layer), held as `layer_weights` says."""
-        params = (split_layers(params) if self.layer_weights == "per_layer"
+        params = (split_layers(params, self.cfg) if self.layer_weights == "per_layer"
                   else stack_layers(params))
         if self._replicated is not None:
             # this process's arrays go to the mesh through the host: each process places its
@@ -508,13 +522,15 @@ class ModelRunner:
                 exe = self._executable(_verify_step, dev, cfg=self.cfg, layout=batch.layout,
                                        plan=self.plan)
             else:
+                extra = {"routed": True} if self.routed else {}
                 exe = self._executable(_sample_step, dev, cfg=self.cfg, layout=batch.layout,
-                                       plan=self.plan, num_top=num_top)
+                                       plan=self.plan, num_top=num_top, **extra)
             t2 = time.perf_counter()
             self.kv_all, packed = exe(self.params, self.kv_all, dev)
             _IN_FLIGHT.append(packed)
+        routed = (batch.layout.num_rows, *self.routed) if self.routed and kind == "sample" else None
         return Launched(kind, batch.layout, num_top, packed, h2d_s=t1 - t0,
-                        dispatch_s=time.perf_counter() - t2)
+                        dispatch_s=time.perf_counter() - t2, routed=routed)
 
     def fetch(self, launched: Launched):
         """A launched step's outputs on the host, in one transfer: `sample_outputs` or
@@ -528,6 +544,9 @@ class ModelRunner:
         self.timings = StepTimings(launched.h2d_s, launched.dispatch_s + t1 - t0, t2 - t1, t1 - t0)
         if launched.kind == "verify":
             return verify_outputs(packed, launched.layout)
+        if launched.routed is not None:
+            n = math.prod(launched.routed)
+            packed, self.routed_experts = packed[:-n], packed[-n:].reshape(launched.routed)
         return sample_outputs(packed, launched.layout, launched.num_top)
 
     def sample(self, batch: StepBatch, num_top: int = 0):

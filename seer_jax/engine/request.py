@@ -55,6 +55,7 @@ class Request:
     metrics: RequestMetrics
     logprobs: list[float] = dataclasses.field(default_factory=list)
     tops: list = dataclasses.field(default_factory=list)
+    routed_experts: list = dataclasses.field(default_factory=list)  # per token [moe layers][k]
     pages: list[int] = dataclasses.field(default_factory=list)
     num_computed: int = 0  # positions whose KV is in `pages`
     swapped: KVBlob | None = None  # KV waiting on the host (imported or swapped out)

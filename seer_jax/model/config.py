@@ -1,4 +1,5 @@
-"""Static model configuration for the Llama family (Llama 2/3, Qwen2, Qwen3, SmolLM2)."""
+"""Static model configuration for the Llama family (Llama 2/3, Qwen2, Qwen3, SmolLM2) and its
+mixture-of-experts variants (Qwen3-MoE, Qwen2-MoE, Mixtral; the DeepSeek-V3 MoE block)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import pathlib
 from typing import TYPE_CHECKING, Any
 
 from seer_jax.errors import ConfigError, SeerError
+from seer_jax.model.moe_config import MoeConfig, moe_config_from_hf, refuse_unsupported_moe
 
 if TYPE_CHECKING:  # a field's type only (annotations are not evaluated)
     from seer_jax.model.mla_config import MlaConfig
@@ -18,12 +20,19 @@ ARCHITECTURES: dict[str, tuple[bool, bool]] = {
     "MistralForCausalLM": (False, False),
     "Qwen2ForCausalLM": (True, False),
     "Qwen3ForCausalLM": (False, True),
+    "MixtralForCausalLM": (False, False),
+    "Qwen2MoeForCausalLM": (True, False),
+    "Qwen3MoeForCausalLM": (False, True),
 }
+MOE_ARCHITECTURES = ("MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM")
 _MODEL_TYPES = {
     "llama": "LlamaForCausalLM",
     "mistral": "MistralForCausalLM",
     "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
+    "mixtral": "MixtralForCausalLM",
+    "qwen2_moe": "Qwen2MoeForCausalLM",
+    "qwen3_moe": "Qwen3MoeForCausalLM",
 }
 DTYPES = ("float32", "bfloat16")
 
@@ -60,6 +69,9 @@ class ModelConfig:
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
     dtype: str = "float32"
+    # mixture-of-experts MLPs (None: every layer dense); layers listed in moe.dense_layers keep a
+    # dense MLP of intermediate_size
+    moe: MoeConfig | None = None
 
     def __post_init__(self) -> None:
         self.validate()
@@ -85,6 +97,20 @@ class ModelConfig:
             raise ConfigError(f"model config dtype={self.dtype!r}: allowed {DTYPES}")
         if self.rope_theta <= 0:
             raise ConfigError(f"model config rope_theta={self.rope_theta}: must be > 0")
+        if self.moe is not None:
+            self.moe.validate(self.num_layers)
+
+    def is_moe_layer(self, layer: int) -> bool:
+        return self.moe is not None and layer not in self.moe.dense_layers
+
+    @property
+    def layer_kinds(self) -> tuple[str, ...]:
+        """"moe" or "dense" for each layer's MLP."""
+        return tuple("moe" if self.is_moe_layer(i) else "dense" for i in range(self.num_layers))
+
+    @property
+    def num_moe_layers(self) -> int:
+        return sum(k == "moe" for k in self.layer_kinds)
 
     @property
     def q_size(self) -> int:
@@ -117,11 +143,16 @@ class ModelConfig:
             return self.mla.cache_bytes_per_token(self.num_layers, itemsize)
         return 2 * self.num_layers * self.kv_size * itemsize
 
-    def num_params(self) -> int:
+    def num_params(self, active: bool = False) -> int:
+        """All parameters, or (`active`) those one token uses (its routed experts only)."""
         d, f, L = self.hidden_size, self.intermediate_size, self.num_layers
-        per_layer = d * (self.q_size + 2 * self.kv_size) + self.q_size * d + 3 * d * f + 2 * d
+        per_layer = d * (self.q_size + 2 * self.kv_size) + self.q_size * d + 2 * d
+        num_moe = self.num_moe_layers
+        mlp = (L - num_moe) * 3 * d * f
+        if self.moe is not None:
+            mlp += num_moe * self.moe.num_params(d, active)
         head = 0 if self.tie_word_embeddings else d * self.vocab_size
-        return self.vocab_size * d + L * per_layer + d + head
+        return self.vocab_size * d + L * per_layer + mlp + d + head
 
     # ------------------------------------------------------------------ constructors
     @classmethod
@@ -134,6 +165,7 @@ class ModelConfig:
                 f"config.json names no architecture (architectures={archs!r}, "
                 f"model_type={hf.get('model_type')!r}); supported: {sorted(ARCHITECTURES)}"
             )
+        refuse_unsupported_moe(arch, hf)
         if arch not in ARCHITECTURES:
             raise ConfigError(
                 f"config.json architecture {arch!r} is not supported; supported: {sorted(ARCHITECTURES)}"
@@ -141,7 +173,7 @@ class ModelConfig:
         if hf.get("hidden_act", "silu") not in ("silu", "swish"):
             raise ConfigError(f"config.json hidden_act={hf.get('hidden_act')!r}: only silu is supported")
         qkv_bias, qk_norm = ARCHITECTURES[arch]
-        if arch != "Qwen2ForCausalLM" and hf.get("attention_bias"):
+        if arch not in ("Qwen2ForCausalLM", "Qwen2MoeForCausalLM") and hf.get("attention_bias"):
             qkv_bias = True
         if hf.get("mlp_bias"):
             raise ConfigError("config.json mlp_bias=True is not supported")
@@ -183,6 +215,7 @@ class ModelConfig:
             bos_token_id=hf.get("bos_token_id"),
             eos_token_ids=eos_ids,
             dtype=dtype,
+            moe=moe_config_from_hf(arch, hf) if arch in MOE_ARCHITECTURES else None,
         )
 
     @classmethod

@@ -38,13 +38,21 @@ def full_forward(params: Params, cfg: ModelConfig, tokens_bt: jax.Array) -> jax.
     return _full_forward(params, cfg, jnp.asarray(tokens_bt, jnp.int32))
 
 
-@functools.partial(jax.jit, static_argnames=("cfg",))
-def _full_forward(params, cfg, tokens_bt):
+def full_routing(params: Params, cfg: ModelConfig, tokens_bt: jax.Array) -> jax.Array:
+    """A mixture of experts' chosen expert ids [B, T, num_moe_layers, experts per token] (int32)
+    of a right-padded batch: what a trainer's forward over the same tokens routes."""
+    return _full_forward(params, cfg, jnp.asarray(tokens_bt, jnp.int32), routing=True)
+
+
+@functools.partial(jax.jit, static_argnames=("cfg", "routing"))
+def _full_forward(params, cfg, tokens_bt, routing=False):
     B, T = tokens_bt.shape
     positions = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
     cache = init_dense_cache(cfg, B, T)
-    logits, _ = forward(params, cfg, tokens_bt.reshape(-1), positions.reshape(-1), cache,
-                        positions, dense_attention)
+    logits, _, ids = forward(params, cfg, tokens_bt.reshape(-1), positions.reshape(-1), cache,
+                             positions, dense_attention, return_routing=True)
+    if routing:
+        return ids.reshape(ids.shape[0], B, T, -1).transpose(1, 2, 0, 3)
     return logits.reshape(B, T, -1)
 
 

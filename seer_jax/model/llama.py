@@ -14,6 +14,12 @@ the dense reference generator (`seer_jax.model.dense_cache`) and the paged engin
 Token layout: a flat list of N tokens (`tokens_n`, `positions_n`). An attention backend is a
 static callable `attention(cache, attn_meta, layer, q_nhd, k_nkd, v_nkd) -> (out_nhd, cache)` that
 stores the new K/V in its cache and attends.
+
+Mixture-of-experts models (`cfg.moe`) replace a layer's dense MLP (w_gate/w_up/w_down) by the MoE
+MLP of `seer_jax.model.moe` (router, experts, shared experts). A key's stacked leading axis counts
+the layers that have it: every layer has the attention keys, the MoE layers the MoE keys, the
+dense layers the dense MLP keys. A model whose layers mix both kinds runs each maximal run of
+same-kind layers as its own scan.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from flax import nnx
 
 from seer_jax.errors import ConfigError
 from seer_jax.model.config import ModelConfig
+from seer_jax.model.moe import MOE_AXES, MOE_KEYS, moe_mlp, moe_shapes
 
 Params = dict[str, Any]
 AttentionFn = Callable[..., tuple[jax.Array, Any]]
@@ -52,7 +59,14 @@ LOGICAL_AXES: dict[str, tuple[str | None, ...]] = {
     "layers/w_gate": ("layers", "embed", "mlp"),
     "layers/w_up": ("layers", "embed", "mlp"),
     "layers/w_down": ("layers", "mlp", "embed"),
+    **{f"layers/{k}": ("layers", *axes) for k, axes in MOE_AXES.items()},
 }
+DENSE_MLP_KEYS = frozenset({"w_gate", "w_up", "w_down"})
+
+
+def key_kind(key: str) -> str | None:
+    """Which layers hold a layer key: "dense" (MLP), "moe", or None (every layer)."""
+    return "dense" if key in DENSE_MLP_KEYS else "moe" if key in MOE_KEYS else None
 
 
 def param_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
@@ -67,10 +81,15 @@ def param_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
         "layers/wk": (L, d, cfg.kv_size),
         "layers/wv": (L, d, cfg.kv_size),
         "layers/wo": (L, cfg.q_size, d),
-        "layers/w_gate": (L, d, f),
-        "layers/w_up": (L, d, f),
-        "layers/w_down": (L, f, d),
     }
+    kinds = cfg.layer_kinds
+    num_dense = kinds.count("dense")
+    if num_dense:
+        shapes.update({"layers/w_gate": (num_dense, d, f), "layers/w_up": (num_dense, d, f),
+                       "layers/w_down": (num_dense, f, d)})
+    if cfg.moe is not None and num_dense < L:
+        shapes.update({f"layers/{k}": (L - num_dense, *shape)
+                       for k, shape in moe_shapes(cfg.moe, d).items()})
     if not cfg.tie_word_embeddings:
         shapes["lm_head"] = (d, cfg.vocab_size)
     if cfg.qkv_bias:
@@ -96,7 +115,7 @@ class Llama(nnx.Module):
         for name, shape in param_shapes(cfg).items():
             if name.endswith("norm"):
                 value = jnp.ones(shape, dtype)
-            elif name.split("/")[-1].startswith("b"):
+            elif name.split("/")[-1].startswith("b") or name.endswith("bias"):
                 value = 0.02 * jax.random.normal(rngs.params(), shape, jnp.float32)
             else:
                 fan_in = shape[-2] if len(shape) >= 2 and name != "embed" else 1
@@ -144,25 +163,51 @@ def layers_split(params: Params) -> bool:
     return isinstance(params.get("layers"), tuple | list)
 
 
-def split_layers(params: Params) -> Params:
+def kind_index(kinds: tuple[str, ...]) -> tuple[int, ...]:
+    """Each layer's index among the layers of its kind."""
+    return tuple(kinds[:i].count(kind) for i, kind in enumerate(kinds))
+
+
+def split_layers(params: Params, cfg: ModelConfig | None = None) -> Params:
     """The same params with the layers as a tuple of per-layer dicts (arrays without the
-    leading layers axis)."""
+    leading layers axis). A model mixing dense and MoE layers needs its `cfg`."""
     if layers_split(params):
         return params
     stacked = params["layers"]
-    n = next(iter(stacked.values())).shape[0]
-    layers = tuple({k: v[i] for k, v in stacked.items()} for i in range(n))
+    n = stacked["attn_norm"].shape[0]
+    if cfg is None:
+        if any(v.shape[0] != n for v in stacked.values()):
+            raise ValueError("these params mix dense and MoE layers: split_layers needs the cfg")
+        kinds = ("moe" if "router" in stacked else "dense",) * n
+    else:
+        kinds = cfg.layer_kinds
+    index = kind_index(kinds)
+    layers = tuple({k: v[i if key_kind(k) is None else index[i]] for k, v in stacked.items()
+                    if key_kind(k) in (None, kinds[i])} for i in range(n))
     return {**params, "layers": layers}
 
 
 def stack_layers(params: Params) -> Params:
-    """The same params with the layers stacked on a leading axis (the inverse of split)."""
+    """The same params with the layers stacked on a leading axis (the inverse of split): each
+    key stacked over the layers that hold it."""
     if not layers_split(params):
         return params
     layers = params["layers"]
     host = all(isinstance(v, np.ndarray) for lp in layers for v in lp.values())
     stack = np.stack if host else jnp.stack
-    return {**params, "layers": {k: stack([lp[k] for lp in layers]) for k in layers[0]}}
+    keys = dict.fromkeys(k for lp in layers for k in lp)
+    return {**params, "layers": {k: stack([lp[k] for lp in layers if k in lp]) for k in keys}}
+
+
+def layer_runs(kinds: tuple[str, ...]) -> list[tuple[str, int, int]]:
+    """Maximal runs of consecutive same-kind layers: [(kind, start, end)]."""
+    runs: list[tuple[str, int, int]] = []
+    for i, kind in enumerate(kinds):
+        if runs and runs[-1][0] == kind:
+            runs[-1] = (kind, runs[-1][1], i + 1)
+        else:
+            runs.append((kind, i, i + 1))
+    return runs
 
 
 def flat_params(params: Params) -> dict[str, jax.Array]:
@@ -243,12 +288,17 @@ def forward(
     attention: AttentionFn,
     logits_index: jax.Array | None = None,
     unroll: int | bool = 1,
-) -> tuple[jax.Array, Any]:
+    return_routing: bool = False,
+    expert_mesh: Any = None,
+) -> tuple[jax.Array, Any] | tuple[jax.Array, Any, jax.Array]:
     """One forward pass over N flat tokens.
 
     `unroll`: the layer scan's unroll (True: no loop; compiled cost analyses count a loop body
     once, an unrolled stack per layer). Per-layer params always run unrolled.
-    Returns (logits [N or len(logits_index), vocab] float32, updated cache).
+    Returns (logits [N or len(logits_index), vocab] float32, updated cache), and with
+    `return_routing` the expert ids every MoE layer chose for every token
+    ([num_moe_layers, N, num_experts_per_tok] int32). `expert_mesh`: a mesh whose "tp" axis
+    splits the experts (expert parallelism under `shard_map`, `seer_jax.model.moe`).
     """
     dtype = jnp_dtype(cfg)
     N = tokens_n.shape[0]
@@ -256,7 +306,7 @@ def forward(
     x = params["embed"][tokens_n].astype(dtype)
     cos, sin = rope_cos_sin(positions_n, cfg)
 
-    def block(x, cache, lp, i, cos, sin, attn_meta):
+    def block(x, cache, lp, i, cos, sin, attn_meta, kind):
         h = rms_norm(x, lp["attn_norm"], cfg.rms_norm_eps)
         q = h @ lp["wq"]
         k = h @ lp["wk"]
@@ -271,27 +321,50 @@ def forward(
         attn, cache = attention(cache, attn_meta, i, q, k, v)
         x = x + attn.reshape(N, H * D).astype(dtype) @ lp["wo"]
         h = rms_norm(x, lp["mlp_norm"], cfg.rms_norm_eps)
+        if kind == "moe":
+            out, ids = moe_mlp(h, lp, cfg.moe, expert_mesh)
+            return x + out, cache, ids
         x = x + (jax.nn.silu(h @ lp["w_gate"]) * (h @ lp["w_up"])) @ lp["w_down"]
-        return x, cache
+        return x, cache, None
 
+    kinds = cfg.layer_kinds
+    routing = []
     if layers_split(params):
         if len(params["layers"]) != cfg.num_layers:
             raise ValueError(f"{len(params['layers'])} per-layer weight dicts for a model of "
                              f"{cfg.num_layers} layers")
-        # one jitted block called per layer: traced and lowered once (its kernels included),
-        # so compile time grows with depth only in the compiler, not in tracing and lowering
-        step = jax.jit(block)
+        # one jitted block called per layer: traced and lowered once per kind (its kernels
+        # included), so compile time grows with depth only in the compiler, not in tracing and
+        # lowering
+        step = jax.jit(block, static_argnames="kind")
         for i, lp in enumerate(params["layers"]):
-            x, cache = step(x, cache, lp, jnp.int32(i), cos, sin, attn_meta)
+            x, cache, ids = step(x, cache, lp, jnp.int32(i), cos, sin, attn_meta, kind=kinds[i])
+            if ids is not None:
+                routing.append(ids[None])
     else:
-        def layer(carry, inputs):
-            return block(*carry, *inputs, cos, sin, attn_meta), None
+        index = kind_index(kinds)
+        for kind, start, end in layer_runs(kinds):
+            def layer(carry, inputs, kind=kind):
+                x, cache, ids = block(*carry, *inputs, cos, sin, attn_meta, kind=kind)
+                return (x, cache), ids
 
-        (x, cache), _ = jax.lax.scan(layer, (x, cache),
-                                     (params["layers"], jnp.arange(cfg.num_layers)), unroll=unroll)
+            n = end - start
+            xs = {}
+            for k, v in params["layers"].items():
+                lo = start if key_kind(k) is None else index[start]
+                if key_kind(k) in (None, kind):
+                    xs[k] = v if (lo, n) == (0, v.shape[0]) else jax.lax.slice_in_dim(v, lo, lo + n)
+            (x, cache), ids = jax.lax.scan(layer, (x, cache), (xs, jnp.arange(start, end)),
+                                           unroll=unroll)
+            if ids is not None:
+                routing.append(ids)
     if logits_index is not None:
         x = x[logits_index]
     x = rms_norm(x, params["final_norm"], cfg.rms_norm_eps)
     head = params["embed"].T if cfg.tie_word_embeddings else params["lm_head"]
     logits = jnp.dot(x, head.astype(dtype), preferred_element_type=jnp.float32)
+    if return_routing:
+        k = cfg.moe.num_experts_per_tok if cfg.moe is not None else 0
+        routed = (jnp.concatenate(routing) if routing else jnp.zeros((0, N, k), jnp.int32))
+        return logits, cache, routed
     return logits, cache

@@ -16,7 +16,8 @@ import numpy as np
 
 from seer_jax.errors import SeerError
 from seer_jax.model.config import ModelConfig, RopeScaling
-from seer_jax.model.llama import Params, jnp_dtype, nest_params, param_shapes
+from seer_jax.model.llama import Params, jnp_dtype, key_kind, nest_params, param_shapes
+from seer_jax.model.moe_config import MoeConfig
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 
@@ -36,15 +37,72 @@ _LAYER_MAP = {
     "mlp.gate_proj.weight": ("w_gate", True),
     "mlp.up_proj.weight": ("w_up", True),
     "mlp.down_proj.weight": ("w_down", True),
+    # mixture of experts (Qwen2/3-MoE, DeepSeek-V3 "mlp.", Mixtral "block_sparse_moe.")
+    "mlp.gate.weight": ("router", True),
+    "block_sparse_moe.gate.weight": ("router", True),
+    "mlp.gate.e_score_correction_bias": ("router_bias", False),
+    "mlp.shared_expert.gate_proj.weight": ("ws_gate", True),
+    "mlp.shared_expert.up_proj.weight": ("ws_up", True),
+    "mlp.shared_expert.down_proj.weight": ("ws_down", True),
+    "mlp.shared_expert_gate.weight": ("ws_router", True),
+    "mlp.shared_experts.gate_proj.weight": ("ws_gate", True),
+    "mlp.shared_experts.up_proj.weight": ("ws_up", True),
+    "mlp.shared_experts.down_proj.weight": ("ws_down", True),
 }
+# per-expert HF tensor (after "<prefix>.experts.<j>.") -> our stacked expert tensor
+_EXPERT_MAP = {
+    "gate_proj.weight": "we_gate", "up_proj.weight": "we_up", "down_proj.weight": "we_down",
+    "w1.weight": "we_gate", "w3.weight": "we_up", "w2.weight": "we_down",
+}
+_EXPERT_PREFIXES = ("mlp.experts.", "block_sparse_moe.experts.")
+
+
+def _layer_tensor(sub: str, arr: np.ndarray, per_expert: dict, per_layer_item) -> bool:
+    """File one tensor of a layer (its name `sub` after "model.layers.<i>."); False if unknown."""
+    if sub in _LAYER_MAP:
+        ours, transpose = _LAYER_MAP[sub]
+        per_layer_item(ours, np.asarray(arr).T if transpose else arr)
+        return True
+    if sub in ("mlp.experts.gate_up_proj", "mlp.experts.down_proj"):  # fused [E, out, in]
+        a = np.swapaxes(np.asarray(arr), 1, 2)
+        if sub.endswith("down_proj"):
+            per_layer_item("we_down", a)
+        else:
+            f = a.shape[2] // 2
+            per_layer_item("we_gate", a[:, :, :f])
+            per_layer_item("we_up", a[:, :, f:])
+        return True
+    for prefix in _EXPERT_PREFIXES:
+        if sub.startswith(prefix):
+            j, _, rest = sub[len(prefix):].partition(".")
+            if j.isdigit() and rest in _EXPERT_MAP:
+                per_expert.setdefault(_EXPERT_MAP[rest], {})[int(j)] = np.asarray(arr).T
+                return True
+    return False
+
+
+def moe_layer_from_hf(moe: MoeConfig, tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """One MoE layer's params from its HF tensors (named as after "model.layers.<i>.": "mlp.gate.weight",
+    "mlp.experts.3.up_proj.weight" or the fused "mlp.experts.gate_up_proj", ...)."""
+    out: dict[str, np.ndarray] = {}
+    experts: dict[str, dict[int, np.ndarray]] = {}
+    for sub, arr in tensors.items():
+        if not _layer_tensor(sub, arr, experts, out.__setitem__):
+            raise SeerError(f"MoE layer tensor {sub!r} is not one this block uses")
+    for ours, by_index in experts.items():
+        out[ours] = np.stack([by_index[j] for j in range(moe.num_experts)])
+    return out
 
 
 def hf_tensors_to_params(cfg: ModelConfig, tensors: dict[str, np.ndarray]) -> Params:
-    """Map HF-named tensors ([out, in] linear layout) to our params; check shapes and coverage."""
+    """Map HF-named tensors ([out, in] linear layout) to our params; check shapes and coverage.
+    Per-expert tensors are stacked on an experts axis, then each layer key over the layers that
+    hold it (every layer, the MoE layers, or the dense-MLP layers)."""
     expected = param_shapes(cfg)
     L = cfg.num_layers
     flat: dict[str, Any] = {}
     per_layer: dict[str, list] = {}
+    per_expert: list[dict[str, dict[int, np.ndarray]]] = [{} for _ in range(L)]
     unused = []
     for name, arr in tensors.items():
         if name == "model.embed_tokens.weight":
@@ -57,26 +115,47 @@ def hf_tensors_to_params(cfg: ModelConfig, tensors: dict[str, np.ndarray]) -> Pa
         elif name.startswith("model.layers."):
             rest = name[len("model.layers."):]
             idx, _, sub = rest.partition(".")
-            if sub not in _LAYER_MAP or not idx.isdigit():
+            if not idx.isdigit():
                 unused.append(name)
                 continue
-            ours, transpose = _LAYER_MAP[sub]
             i = int(idx)
             if i >= L:
                 raise SeerError(f"checkpoint has tensor {name} but config has num_hidden_layers={L}")
-            per_layer.setdefault(ours, [None] * L)[i] = np.asarray(arr).T if transpose else arr
+
+            def item(ours, a, i=i):
+                per_layer.setdefault(ours, [None] * L)[i] = a
+
+            if not _layer_tensor(sub, arr, per_expert[i], item):
+                unused.append(name)
         elif name.endswith("rotary_emb.inv_freq"):
             continue
         else:
             unused.append(name)
+    for i, experts in enumerate(per_expert):
+        for ours, by_index in experts.items():
+            E = cfg.moe.num_experts if cfg.moe is not None else 0
+            if sorted(by_index) != list(range(E)):
+                missing = sorted(set(range(E)) - set(by_index))
+                raise SeerError(f"layer {i} tensor {ours!r}: checkpoint holds experts "
+                                f"{sorted(by_index)[:8]}..., config num_experts={E} "
+                                f"(missing {missing[:5]})")
+            per_layer.setdefault(ours, [None] * L)[i] = np.stack([by_index[j] for j in range(E)])
+    kinds = cfg.layer_kinds
     for ours, items in per_layer.items():
-        missing = [i for i, a in enumerate(items) if a is None]
-        if missing:
-            raise SeerError(f"checkpoint is missing layer(s) {missing[:5]} of tensor {ours!r}")
-        shapes = {a.shape for a in items}
+        kind = key_kind(ours)
+        want = [i for i in range(L) if kind in (None, kinds[i])]
+        have = [i for i, a in enumerate(items) if a is not None]
+        if have != want:
+            missing = sorted(set(want) - set(have))
+            if missing:
+                raise SeerError(f"checkpoint is missing layer(s) {missing[:5]} of tensor {ours!r}")
+            raise SeerError(f"checkpoint has tensor {ours!r} in layer(s) "
+                            f"{sorted(set(have) - set(want))[:5]}, which the config makes "
+                            f"{'MoE' if kind == 'dense' else 'dense'} layers")
+        shapes = {items[i].shape for i in have}
         if len(shapes) != 1:
             raise SeerError(f"tensor {ours!r} has different shapes across layers: {sorted(shapes)}")
-        flat[f"layers/{ours}"] = np.stack(items)
+        flat[f"layers/{ours}"] = np.stack([items[i] for i in have])
     for key, shape in expected.items():
         if key not in flat:
             raise SeerError(f"checkpoint has no weights for {key!r} (expected shape {shape})")
@@ -167,6 +246,8 @@ def load_orbax(path: str | pathlib.Path, dtype: str | None = None) -> tuple[Mode
     if meta.get("rope_scaling"):
         meta["rope_scaling"] = RopeScaling(**meta["rope_scaling"])
     meta["eos_token_ids"] = tuple(meta.get("eos_token_ids") or ())
+    if meta.get("moe"):
+        meta["moe"] = MoeConfig(**{**meta["moe"], "dense_layers": tuple(meta["moe"]["dense_layers"])})
     cfg = ModelConfig(**meta)
     with ocp.StandardCheckpointer() as ckptr:
         params = ckptr.restore(path / "params")

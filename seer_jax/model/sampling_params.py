@@ -27,6 +27,9 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     logprobs: bool = True
     top_logprobs: int = 0
+    # mixture-of-experts models: per generated token, the expert ids each MoE layer's router
+    # chose at the position that produced it ([tokens][moe layers][experts per token])
+    return_routed_experts: bool = False
 
     def validate(self, vocab_size: int | None = None) -> None:
         if not (self.temperature >= 0.0):

@@ -2,7 +2,8 @@
 
 Heads and FFN are split over `tp` (Megatron-style column/row parallel), and so are the embedding
 and LM head along the vocabulary (a large share of a 7B model's weights, and its largest matmul per
-decoded token); anything whose size does not divide the mesh axis stays replicated on that
+decoded token); MoE experts are split over the same axis (expert parallelism: each device holds
+whole experts); anything whose size does not divide the mesh axis stays replicated on that
 dimension. Works on any (sub-)mesh.
 """
 
@@ -29,6 +30,10 @@ class ShardingRules:
     layers: str | None = None
     norm: str | None = None
     head_dim: str | None = None
+    # MoE experts split over the devices (expert parallelism, `seer_jax.model.moe`), each
+    # expert's MLP whole
+    experts: str | None = "tp"
+    moe_mlp: str | None = None
 
     def mesh_axis(self, logical: str | None) -> str | None:
         return None if logical is None else getattr(self, logical)

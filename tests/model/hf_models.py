@@ -7,10 +7,14 @@ import pathlib
 TINY = dict(vocab_size=160, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
             rms_norm_eps=1e-5)
+# mixture-of-experts: 8 experts, top 2
+TINY_MOE = dict(TINY, num_experts_per_tok=2, moe_intermediate_size=32)
+MOE_KINDS = ("qwen3_moe", "mixtral", "qwen2_moe")
 
 
 def make_hf_model(kind: str, out_dir: pathlib.Path, seed: int = 0):
-    """Save a tiny random model of `kind` (llama3, qwen2, qwen3, llama_tied) and return the torch model."""
+    """Save a tiny random model of `kind` (llama3, qwen2, qwen3, llama_tied, or one of MOE_KINDS)
+    and return the torch model. qwen2_moe has 3 layers, the middle one dense (`mlp_only_layers`)."""
     import torch
     import transformers as tf
 
@@ -26,10 +30,22 @@ def make_hf_model(kind: str, out_dir: pathlib.Path, seed: int = 0):
         model = tf.Qwen2ForCausalLM(tf.Qwen2Config(**TINY, rope_theta=1e6))
     elif kind == "qwen3":
         model = tf.Qwen3ForCausalLM(tf.Qwen3Config(**TINY, head_dim=32, rope_theta=1e6))
+    elif kind == "qwen3_moe":
+        model = tf.Qwen3MoeForCausalLM(tf.Qwen3MoeConfig(
+            **TINY_MOE, num_experts=8, norm_topk_prob=True, head_dim=32, rope_theta=1e6))
+    elif kind == "mixtral":
+        model = tf.MixtralForCausalLM(tf.MixtralConfig(
+            **{**TINY, "intermediate_size": 32}, num_local_experts=8, num_experts_per_tok=2))
+    elif kind == "qwen2_moe":
+        model = tf.Qwen2MoeForCausalLM(tf.Qwen2MoeConfig(
+            **{**TINY_MOE, "num_hidden_layers": 3}, num_experts=8, mlp_only_layers=[1],
+            shared_expert_intermediate_size=48, rope_theta=1e6))
     else:
         raise ValueError(kind)
     with torch.no_grad():  # random init leaves norms at 1 and biases at 0: perturb them
         for name, p in model.named_parameters():
+            if ".gate.weight" in name or "experts" in name or "expert_gate" in name:
+                p.normal_(0.0, 0.2 if "gate" in name else 0.05)  # routers and experts inited to 0
             if "norm" in name or "bias" in name:
                 p.add_(0.1 * torch.randn_like(p))
     model.eval()

@@ -1,0 +1,175 @@
+"""Mixture-of-experts MLP: a float32 router and dropless experts by grouped matmul.
+
+`route` picks each token's k experts and their weights (`MoeConfig` describes the routers);
+`routed_experts` runs them without a capacity factor: the N*k (token, expert) pairs are sorted by
+expert and each expert's contiguous rows go through its SwiGLU MLP in one `jax.lax.ragged_dot`
+per projection (every token reaches every expert it chose; none is dropped or capped), then the
+outputs return to token order and are summed with the router weights. `moe_mlp` adds the shared
+experts.
+
+Expert parallelism (`moe_mlp(..., mesh=)` on a mesh whose "tp" axis divides the experts): the
+experts are split over "tp" (`ShardingRules.experts`), tokens and routing stay replicated (decode-
+sized batches: every device sees all tokens), and under `shard_map` each device runs the rows of
+its own experts (a contiguous block of the expert-sorted rows) through one ragged_dot per
+projection; a `psum` over "tp" adds the devices' partial outputs. Attention keeps its tensor
+parallelism on the same devices. Parameters of one MoE layer (keys of a layer's params, `MOE_KEYS`):
+  router      [embed, experts]               float32 logits
+  router_bias [experts]                      the choice's score correction (sigmoid routers)
+  we_gate, we_up [experts, embed, moe_mlp]; we_down [experts, moe_mlp, embed]
+  ws_gate, ws_up [embed, mlp]; ws_down [mlp, embed]   shared experts
+  ws_router   [embed, 1]                     the shared experts' sigmoid gate
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import Mesh
+from jax.sharding import PartitionSpec as P
+
+from seer_jax.model.moe_config import MoeConfig
+
+EP_AXIS = "tp"
+
+# key -> logical axes (without the leading "layers" axis)
+MOE_AXES: dict[str, tuple[str | None, ...]] = {
+    "router": ("embed", None),  # replicated: every device routes every token
+    "router_bias": (None,),
+    "we_gate": ("experts", "embed", "moe_mlp"),
+    "we_up": ("experts", "embed", "moe_mlp"),
+    "we_down": ("experts", "moe_mlp", "embed"),
+    "ws_gate": ("embed", "mlp"),
+    "ws_up": ("embed", "mlp"),
+    "ws_down": ("mlp", "embed"),
+    "ws_router": ("embed", None),
+}
+MOE_KEYS = frozenset(MOE_AXES)
+
+
+def moe_shapes(moe: MoeConfig, hidden_size: int) -> dict[str, tuple[int, ...]]:
+    """Shapes of one MoE layer's parameters (keys of MOE_AXES that this config uses)."""
+    d, E, f = hidden_size, moe.num_experts, moe.expert_intermediate_size
+    shapes = {"router": (d, E), "we_gate": (E, d, f), "we_up": (E, d, f), "we_down": (E, f, d)}
+    if moe.score_correction_bias:
+        shapes["router_bias"] = (E,)
+    if moe.shared_intermediate_size:
+        fs = moe.shared_intermediate_size
+        shapes.update({"ws_gate": (d, fs), "ws_up": (d, fs), "ws_down": (fs, d)})
+    if moe.shared_gate:
+        shapes["ws_router"] = (d, 1)
+    return shapes
+
+
+def route(h_nd: jax.Array, lp: dict[str, Any], moe: MoeConfig) -> tuple[jax.Array, jax.Array]:
+    """(weights [N, k] float32, expert ids [N, k] int32) of each token's chosen experts."""
+    k = moe.num_experts_per_tok
+    logits = jnp.dot(h_nd.astype(jnp.float32), lp["router"].astype(jnp.float32),
+                     precision=jax.lax.Precision.HIGHEST)
+    if moe.scoring == "softmax":
+        weights, ids = jax.lax.top_k(jax.nn.softmax(logits, axis=-1), k)
+        if moe.norm_topk_prob:
+            weights = weights / jnp.sum(weights, axis=-1, keepdims=True)
+    else:
+        scores = jax.nn.sigmoid(logits)
+        choice = scores
+        if moe.score_correction_bias:
+            choice = choice + lp["router_bias"].astype(jnp.float32)
+        if moe.n_group > 1:
+            N, G = choice.shape[0], moe.n_group
+            grouped = choice.reshape(N, G, moe.num_experts // G)
+            group_scores = jnp.sum(jax.lax.top_k(grouped, 2)[0], axis=-1)  # [N, G]
+            _, best = jax.lax.top_k(group_scores, moe.topk_group)
+            keep = jnp.any(best[:, :, None] == jnp.arange(G)[None, None, :], axis=1)  # [N, G]
+            choice = jnp.where(keep[:, :, None], grouped, -jnp.inf).reshape(N, -1)
+        _, ids = jax.lax.top_k(choice, k)
+        weights = jnp.take_along_axis(scores, ids, axis=-1)
+        if moe.norm_topk_prob:
+            weights = weights / (jnp.sum(weights, axis=-1, keepdims=True) + 1e-20)
+    if moe.routed_scaling_factor != 1.0:
+        weights = weights * moe.routed_scaling_factor
+    return weights, ids.astype(jnp.int32)
+
+
+def sort_by_expert(ids_nk: jax.Array, num_experts: int) -> tuple[jax.Array, jax.Array]:
+    """(order [N*k]: the flat (token, slot) pairs sorted by expert, stable; group sizes [E])."""
+    flat = ids_nk.reshape(-1)
+    order = jnp.argsort(flat, stable=True)
+    sizes = jnp.zeros((num_experts,), jnp.int32).at[flat].add(1)
+    return order, sizes
+
+
+def expert_mlp(x_md: jax.Array, sizes_e: jax.Array, w_gate: jax.Array, w_up: jax.Array,
+               w_down: jax.Array) -> jax.Array:
+    """SwiGLU of rows grouped by expert ([M, d], contiguous groups of `sizes_e` rows) -> [M, d]."""
+    g = jax.lax.ragged_dot(x_md, w_gate, sizes_e)
+    u = jax.lax.ragged_dot(x_md, w_up, sizes_e)
+    return jax.lax.ragged_dot(jax.nn.silu(g) * u, w_down, sizes_e)
+
+
+def routed_experts(x_nd: jax.Array, weights_nk: jax.Array, ids_nk: jax.Array,
+                   lp: dict[str, Any]) -> jax.Array:
+    """Sum over each token's chosen experts of weight * expert(x), dropless -> [N, d]."""
+    N, k = ids_nk.shape
+    order, sizes = sort_by_expert(ids_nk, lp["we_gate"].shape[0])
+    y = expert_mlp(x_nd[order // k], sizes, lp["we_gate"], lp["we_up"], lp["we_down"])
+    y_nkd = jnp.zeros_like(y).at[order].set(y).reshape(N, k, -1)
+    out = jnp.sum(y_nkd.astype(jnp.float32) * weights_nk[:, :, None], axis=1)
+    return out.astype(x_nd.dtype)
+
+
+def expert_parallel(mesh: Mesh | None, num_experts: int) -> int:
+    """How many devices the experts split over (1: no expert parallelism)."""
+    ep = 1 if mesh is None else mesh.shape.get(EP_AXIS, 1)
+    return ep if ep > 1 and num_experts % ep == 0 else 1
+
+
+def routed_experts_ep(x_nd: jax.Array, weights_nk: jax.Array, ids_nk: jax.Array,
+                      lp: dict[str, Any], mesh: Mesh) -> jax.Array:
+    """`routed_experts` with the experts split over the mesh's "tp" axis (see the module doc)."""
+    N, k = ids_nk.shape
+    num_experts = lp["we_gate"].shape[0]
+    ep = mesh.shape[EP_AXIS]
+    local = num_experts // ep
+
+    def body(x, w, ids, w_gate, w_up, w_down):
+        order, sizes = sort_by_expert(ids, num_experts)
+        shard = jax.lax.axis_index(EP_AXIS)
+        first = shard * local
+        start = jnp.sum(jnp.where(jnp.arange(num_experts) < first, sizes, 0))
+        local_sizes = jax.lax.dynamic_slice_in_dim(sizes, first, local)
+        count = jnp.sum(local_sizes)
+        # this device's rows (its experts' block of the sorted pairs) first, the rest after
+        rows = (jnp.arange(N * k) + start) % (N * k)
+        pairs = order[rows]
+        y = expert_mlp(x[pairs // k], local_sizes, w_gate, w_up, w_down)
+        y = jnp.where((jnp.arange(N * k) < count)[:, None], y, 0)
+        y_nkd = jnp.zeros_like(y).at[pairs].set(y).reshape(N, k, -1)
+        part = jnp.sum(y_nkd.astype(jnp.float32) * w[:, :, None], axis=1)
+        return jax.lax.psum(part, EP_AXIS)
+
+    experts = P(EP_AXIS, None, None)
+    out = jax.shard_map(body, mesh=mesh, in_specs=(P(), P(), P(), experts, experts, experts),
+                        out_specs=P(), check_vma=False)(
+        x_nd, weights_nk, ids_nk, lp["we_gate"], lp["we_up"], lp["we_down"])
+    return out.astype(x_nd.dtype)
+
+
+def moe_mlp(h_nd: jax.Array, lp: dict[str, Any], moe: MoeConfig,
+            mesh: Mesh | None = None) -> tuple[jax.Array, jax.Array]:
+    """One MoE MLP over N tokens: (output [N, d], chosen expert ids [N, k] int32). With a `mesh`
+    whose "tp" axis divides the experts, the experts run expert-parallel over it."""
+    weights, ids = route(h_nd, lp, moe)
+    if expert_parallel(mesh, moe.num_experts) > 1:
+        out = routed_experts_ep(h_nd, weights, ids, lp, mesh)
+    else:
+        out = routed_experts(h_nd, weights, ids, lp)
+    if moe.shared_intermediate_size:
+        shared = (jax.nn.silu(h_nd @ lp["ws_gate"]) * (h_nd @ lp["ws_up"])) @ lp["ws_down"]
+        if moe.shared_gate:
+            gate = jax.nn.sigmoid(jnp.dot(h_nd.astype(jnp.float32),
+                                          lp["ws_router"].astype(jnp.float32)))
+            shared = (gate * shared.astype(jnp.float32)).astype(h_nd.dtype)
+        out = out + shared
+    return out, ids
