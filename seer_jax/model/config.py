@@ -1,18 +1,22 @@
-"""Static model configuration for the Llama family (Llama 2/3, Qwen2, Qwen3, SmolLM2) and its
-mixture-of-experts variants (Qwen3-MoE, Qwen2-MoE, Mixtral; the DeepSeek-V3 MoE block)."""
+"""Static model configuration for the Llama family (Llama 2/3, Qwen2, Qwen3, SmolLM2), its
+mixture-of-experts variants (Qwen3-MoE, Qwen2-MoE, Mixtral) and the DeepSeek-V3 family
+(DeepSeek-V3/R1, Kimi-K2, Moonlight: multi-head latent attention and the DeepSeek MoE block)."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
 import pathlib
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from seer_jax.errors import ConfigError, SeerError
-from seer_jax.model.moe_config import MoeConfig, moe_config_from_hf, refuse_unsupported_moe
-
-if TYPE_CHECKING:  # a field's type only (annotations are not evaluated)
-    from seer_jax.model.mla_config import MlaConfig
+from seer_jax.model.mla_config import MlaConfig, mla_config_from_hf
+from seer_jax.model.moe_config import (
+    MoeConfig,
+    deepseek_v3_moe_config,
+    moe_config_from_hf,
+    refuse_unsupported_moe,
+)
 
 # architecture name -> (q/k/v bias, q/k RMSNorm)
 ARCHITECTURES: dict[str, tuple[bool, bool]] = {
@@ -23,8 +27,11 @@ ARCHITECTURES: dict[str, tuple[bool, bool]] = {
     "MixtralForCausalLM": (False, False),
     "Qwen2MoeForCausalLM": (True, False),
     "Qwen3MoeForCausalLM": (False, True),
+    "DeepseekV3ForCausalLM": (False, False),
 }
 MOE_ARCHITECTURES = ("MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM")
+# multi-head latent attention and the DeepSeek MoE block
+MLA_ARCHITECTURES = ("DeepseekV3ForCausalLM",)
 _MODEL_TYPES = {
     "llama": "LlamaForCausalLM",
     "mistral": "MistralForCausalLM",
@@ -33,6 +40,8 @@ _MODEL_TYPES = {
     "mixtral": "MixtralForCausalLM",
     "qwen2_moe": "Qwen2MoeForCausalLM",
     "qwen3_moe": "Qwen3MoeForCausalLM",
+    "deepseek_v3": "DeepseekV3ForCausalLM",
+    "kimi_k2": "DeepseekV3ForCausalLM",
 }
 DTYPES = ("float32", "bfloat16")
 
@@ -93,6 +102,10 @@ class ModelConfig:
             )
         if self.mla is not None:
             self.mla.validate()
+            if self.num_kv_heads != self.num_heads:
+                raise ConfigError(f"model config num_kv_heads={self.num_kv_heads}: latent "
+                                  f"attention has one key/value per query head "
+                                  f"(num_heads={self.num_heads})")
         if self.dtype not in DTYPES:
             raise ConfigError(f"model config dtype={self.dtype!r}: allowed {DTYPES}")
         if self.rope_theta <= 0:
@@ -146,7 +159,14 @@ class ModelConfig:
     def num_params(self, active: bool = False) -> int:
         """All parameters, or (`active`) those one token uses (its routed experts only)."""
         d, f, L = self.hidden_size, self.intermediate_size, self.num_layers
-        per_layer = d * (self.q_size + 2 * self.kv_size) + self.q_size * d + 2 * d
+        if self.mla is not None:
+            m, H = self.mla, self.num_heads
+            q = (d * H * m.qk_head_dim if m.q_lora_rank is None
+                 else m.q_lora_rank * (d + 1 + H * m.qk_head_dim))
+            per_layer = (q + d * m.cache_width + m.kv_lora_rank * (1 + H * (m.qk_nope_head_dim
+                         + m.v_head_dim)) + H * m.v_head_dim * d + 2 * d)
+        else:
+            per_layer = d * (self.q_size + 2 * self.kv_size) + self.q_size * d + 2 * d
         num_moe = self.num_moe_layers
         mlp = (L - num_moe) * 3 * d * f
         if self.moe is not None:
@@ -190,10 +210,19 @@ class ModelConfig:
                 high_freq_factor=float(scaling_src["high_freq_factor"]),
                 original_max_position_embeddings=int(scaling_src["original_max_position_embeddings"]),
             )
-        elif rope_type not in ("default", None):
+        elif rope_type not in ("default", None) and arch not in MLA_ARCHITECTURES:
             raise ConfigError(f"config.json rope type {rope_type!r}: only 'default' and 'llama3' are supported")
         num_heads = int(hf["num_attention_heads"])
         head_dim = hf.get("head_dim") or int(hf["hidden_size"]) // num_heads
+        mla = moe = None
+        num_kv_heads = int(hf.get("num_key_value_heads") or num_heads)
+        if arch in MLA_ARCHITECTURES:
+            mla = mla_config_from_hf(hf)
+            moe = deepseek_v3_moe_config(hf)
+            # one latent per token serves every head; head_dim is a head's query/key width
+            head_dim, num_kv_heads = mla.qk_head_dim, num_heads
+        elif arch in MOE_ARCHITECTURES:
+            moe = moe_config_from_hf(arch, hf)
         eos = hf.get("eos_token_id")
         eos_ids = tuple(eos) if isinstance(eos, (list, tuple)) else (() if eos is None else (int(eos),))
         return cls(
@@ -203,7 +232,7 @@ class ModelConfig:
             intermediate_size=int(hf["intermediate_size"]),
             num_layers=int(hf["num_hidden_layers"]),
             num_heads=num_heads,
-            num_kv_heads=int(hf.get("num_key_value_heads") or num_heads),
+            num_kv_heads=num_kv_heads,
             head_dim=int(head_dim),
             rope_theta=rope_theta,
             rope_scaling=scaling,
@@ -215,7 +244,8 @@ class ModelConfig:
             bos_token_id=hf.get("bos_token_id"),
             eos_token_ids=eos_ids,
             dtype=dtype,
-            moe=moe_config_from_hf(arch, hf) if arch in MOE_ARCHITECTURES else None,
+            mla=mla,
+            moe=moe,
         )
 
     @classmethod

@@ -82,8 +82,6 @@ _UNSUPPORTED = {
                           "expert on interleaved layers, chunked attention)"),
     "Llama4ForConditionalGeneration": ("text_config", "Llama 4"),
     "DeepseekV2ForCausalLM": ("topk_method", "DeepSeek-V2 routing and latent attention"),
-    "DeepseekV3ForCausalLM": ("kv_lora_rank", "multi-head latent attention (the MoE block is "
-                              "supported; its attention is not yet)"),
 }
 
 
