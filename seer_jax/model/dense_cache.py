@@ -49,12 +49,13 @@ def dense_attention(cache, positions_bt, layer, q_nhd, k_nkd, v_nkd):
     return out.reshape(B * T, H, D).astype(q_nhd.dtype), (k_cache, v_cache)
 
 
-def dense_mla_attention(cache, positions_bt, layer, q_latent, q_rope, rows, *, sm_scale):
-    """Absorbed MLA over the dense latent cache: stores rows [N, r + dr], attends q_latent
-    [N, H, r] / q_rope [N, H, dr] causally -> [N, H, r] float32."""
+def dense_mla_attention(cache, positions_bt, layer, q_latent, q_rope, c_kv, k_rope, *, sm_scale):
+    """Absorbed MLA over the dense latent cache: stores rows [c_kv [N, r], k_rope [N, dr]],
+    attends q_latent [N, H, r] / q_rope [N, H, dr] causally -> [N, H, r] float32."""
     (latent,) = cache
     B, T = positions_bt.shape
     r = q_latent.shape[-1]
+    rows = jnp.concatenate([c_kv, k_rope], axis=-1)
     latent = latent.at[layer, jnp.arange(B)[:, None], positions_bt].set(
         rows.reshape(B, T, -1).astype(latent.dtype))
     S = latent.shape[2]

@@ -15,8 +15,8 @@ Token layout: a flat list of N tokens (`tokens_n`, `positions_n`). An attention 
 static callable `attention(cache, attn_meta, layer, q_nhd, k_nkd, v_nkd) -> (out_nhd, cache)` that
 stores the new K/V in its cache and attends. With multi-head latent attention (`cfg.mla`,
 `seer_jax.model.mla`) it is `attention(cache, attn_meta, layer, q_latent [N, H, r], q_rope
-[N, H, dr], rows [N, r + dr]) -> (out_latent [N, H, r], cache)`: it stores the tokens' latent
-rows and attends in the absorbed form (one latent key/value shared by all heads).
+[N, H, dr], c_kv [N, r], k_rope [N, dr]) -> (out_latent [N, H, r], cache)`: it stores the tokens'
+latent rows and attends in the absorbed form (one latent key/value shared by all heads).
 
 Mixture-of-experts models (`cfg.moe`) replace a layer's dense MLP (w_gate/w_up/w_down) by the MoE
 MLP of `seer_jax.model.moe` (router, experts, shared experts). A key's stacked leading axis counts
@@ -327,8 +327,7 @@ def forward(
         c_kv, k_rope = mla.project_latent(h, lp, cfg, cos, sin)
         q_nope, q_rope = mla.project_queries(h, lp, cfg, cos, sin)
         q_latent = mla.absorb_queries(q_nope, lp, cfg)
-        rows = jnp.concatenate([c_kv, k_rope], axis=-1)
-        o_latent, cache = attention(cache, attn_meta, i, q_latent, q_rope, rows)
+        o_latent, cache = attention(cache, attn_meta, i, q_latent, q_rope, c_kv, k_rope)
         return mla.unabsorb_output(o_latent.astype(dtype), lp, cfg) @ lp["wo"], cache
 
     def block(x, cache, lp, i, cos, sin, attn_meta, kind):
