@@ -10,7 +10,7 @@ import pathlib
 from typing import Any
 
 from seer_jax.errors import ConfigError, SeerError
-from seer_jax.model.mla_config import MlaConfig, mla_config_from_hf
+from seer_jax.model.mla_config import MlaConfig, YarnScaling, mla_config_from_hf
 from seer_jax.model.moe_config import (
     MoeConfig,
     deepseek_v3_moe_config,
@@ -269,3 +269,20 @@ def tiny_config(**overrides: Any) -> ModelConfig:
     )
     base.update(overrides)
     return ModelConfig(**base)
+
+
+def tiny_deepseek_config(**overrides: Any) -> ModelConfig:
+    """A small DeepSeek-V3-shaped config for unit tests: latent attention with a query LoRA and
+    YaRN, a dense first layer, then sigmoid group-limited routing over 8 experts with a shared
+    expert."""
+    base: dict[str, Any] = dict(
+        architecture="DeepseekV3ForCausalLM", num_layers=3, num_heads=4, num_kv_heads=4,
+        head_dim=24,
+        mla=MlaConfig(kv_lora_rank=32, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16,
+                      q_lora_rank=24, yarn=YarnScaling(4.0, 128, mscale=1.0, mscale_all_dim=1.0)),
+        moe=MoeConfig(num_experts=8, num_experts_per_tok=2, expert_intermediate_size=32,
+                      scoring="sigmoid", norm_topk_prob=True, routed_scaling_factor=2.5,
+                      score_correction_bias=True, n_group=2, topk_group=1,
+                      shared_intermediate_size=32, dense_layers=(0,)))
+    base.update(overrides)
+    return tiny_config(**base)

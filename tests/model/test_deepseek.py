@@ -6,8 +6,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from seer_jax.drafting.budget import BudgetConfig, SpeculationBudget
+from seer_jax.drafting.draft import Draft
 from seer_jax.engine.engine import Engine, EngineConfig
-from seer_jax.model.generate import full_forward
+from seer_jax.engine.speculation import Speculator
+from seer_jax.model.config import tiny_deepseek_config
+from seer_jax.model.generate import full_forward, generate
+from seer_jax.model.llama import init_params
 from seer_jax.model.loading import load_safetensors_dir
 from seer_jax.rollout.core.types import SamplingParams
 
@@ -84,3 +89,77 @@ def test_engine_greedy_equals_transformers_generate(deepseek):
     engine = _engine(cfg, params)
     assert engine.runner.kv_all.shape == (3, 160, 4, 40)
     assert _run(engine) == _hf_greedy(ref_model)
+
+
+# ---------------------------------------------------------------------------- the latent cache
+# a random tiny DeepSeek-V3 against the reference generator (dense latent cache)
+
+TINY = tiny_deepseek_config(eos_token_ids=())
+TINY_PARAMS = init_params(TINY, seed=3)
+TINY_PROMPT = np.random.RandomState(5).randint(3, 256, 11).tolist()
+
+
+class _Scripted:
+    """Draft service: a tree forking at the root, a wrong branch first, the right one second."""
+
+    def __init__(self, ref):
+        self.ref, self.tokens = ref, {}
+
+    def append(self, group_id, request_id, token_ids):
+        if request_id is not None:
+            self.tokens.setdefault(request_id, []).extend(int(t) for t in token_ids)
+        return 0
+
+    def speculate(self, queries):
+        out = []
+        for q in queries:
+            right = self.ref[len(self.tokens.get(q.request_id, [])):][:3]
+            if not right:
+                out.append(Draft.empty())
+                continue
+            tokens = [(right[0] + 1) % TINY.vocab_size] + right
+            parents = [-1, -1] + list(range(1, len(right)))
+            out.append(Draft(np.array(tokens, np.int32), np.array(parents, np.int32),
+                             np.ones(len(tokens), np.float32)))
+        return out
+
+
+def test_speculative_tree_verify_over_the_latent_cache():
+    """Draft trees verified over the latent cache (tree masks in the MLA attention, accepted
+    rows moved within the cache): the greedy tokens of the reference generator."""
+    ref = generate(TINY_PARAMS, TINY, [TINY_PROMPT], 20)[0].token_ids
+    budget = SpeculationBudget(lambda b, g: 1.0, BudgetConfig(beta_init=0.9, max_width=4))
+    spec = Speculator(_Scripted(ref), budget)
+    engine = Engine(TINY, TINY_PARAMS, EngineConfig(num_pages=32, page_size=4, max_num_seqs=4,
+                                                    max_num_batched_tokens=16, speculation=True),
+                    speculator=spec, eos_ids=())
+    engine.add_request("r", TINY_PROMPT, 20, SamplingParams(temperature=0.0))
+    out = []
+    while engine.has_unfinished():
+        out += [r.token_ids for r in engine.step()]
+    assert out == [ref]
+    assert spec.accepted >= 10 and engine.step_count <= 12
+
+
+def test_latent_kv_export_import_and_shared_prefix():
+    """A request's latent rows leave one engine (`export_kv`) and continue in another; a second
+    request with the same prompt starts from the first one's shared prompt pages."""
+    ref = generate(TINY_PARAMS, TINY, [TINY_PROMPT], 16)[0].token_ids
+    config = EngineConfig(num_pages=32, page_size=4, max_num_seqs=4, max_num_batched_tokens=16)
+    a, b = (Engine(TINY, TINY_PARAMS, config, eos_ids=()) for _ in range(2))
+    a.add_request("r", TINY_PROMPT, 16, SamplingParams(temperature=0.0))
+    for _ in range(6):
+        a.step()
+    blob = a.export_kv("r")
+    L, W = TINY.num_layers, TINY.mla.cache_width
+    assert blob.k.shape == (L, 1, blob.num_computed, W) and blob.v.size == 0
+    assert blob.nbytes == TINY.kv_bytes_per_token() * blob.num_computed
+    done = blob.output_ids
+    b.add_request("r", TINY_PROMPT, 16 - len(done), SamplingParams(temperature=0.0),
+                  output_ids=done, kv=blob)
+    b.add_request("s", TINY_PROMPT, 16, SamplingParams(temperature=0.0))
+    out = {}
+    while b.has_unfinished():
+        out.update({r.request_id: r.token_ids for r in b.step()})
+    assert done + list(out["r"]) == ref
+    assert list(out["s"]) == ref

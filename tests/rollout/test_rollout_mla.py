@@ -11,11 +11,9 @@ import numpy as np
 import pytest
 
 from seer_jax.engine.engine import EngineConfig
-from seer_jax.model.config import tiny_config
+from seer_jax.model.config import tiny_deepseek_config
 from seer_jax.model.generate import generate
 from seer_jax.model.llama import init_params
-from seer_jax.model.mla_config import MlaConfig, YarnScaling
-from seer_jax.model.moe_config import MoeConfig
 from seer_jax.rollout.backends.engine_instance import make_engine_instances
 from seer_jax.rollout.backends.kv_pool import HostKVPool
 from seer_jax.rollout.core.run import rollout
@@ -23,15 +21,7 @@ from seer_jax.rollout.core.types import SamplingParams
 
 pytestmark = pytest.mark.slow
 
-CFG = tiny_config(
-    architecture="DeepseekV3ForCausalLM", num_layers=3, num_heads=4, num_kv_heads=4, head_dim=24,
-    eos_token_ids=(7,),
-    mla=MlaConfig(kv_lora_rank=32, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16,
-                  q_lora_rank=24, yarn=YarnScaling(4.0, 128, mscale=1.0, mscale_all_dim=1.0)),
-    moe=MoeConfig(num_experts=8, num_experts_per_tok=2, expert_intermediate_size=32,
-                  scoring="sigmoid", norm_topk_prob=True, routed_scaling_factor=2.5,
-                  score_correction_bias=True, n_group=2, topk_group=1,
-                  shared_intermediate_size=32, dense_layers=(0,)))
+CFG = tiny_deepseek_config(eos_token_ids=(7,))
 PARAMS = init_params(CFG, seed=11)
 GROUPS = [np.random.RandomState(0).randint(8, 256, n).tolist() for n in (5, 19, 11, 3)]
 
