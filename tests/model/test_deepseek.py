@@ -3,6 +3,8 @@ vs transformers: logits, greedy continuations through the engine, exported laten
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -83,6 +85,7 @@ def _run(engine, prompts=PROMPTS) -> list[list[int]]:
     return [list(done[i]) for i in range(len(prompts))]
 
 
+@pytest.mark.slow
 def test_engine_greedy_equals_transformers_generate(deepseek):
     """8 prompts x 32 tokens through the paged latent cache (chunked prefill beside decodes)."""
     _, ref_model, cfg, params = deepseek
@@ -97,6 +100,12 @@ def test_engine_greedy_equals_transformers_generate(deepseek):
 TINY = tiny_deepseek_config(eos_token_ids=())
 TINY_PARAMS = init_params(TINY, seed=3)
 TINY_PROMPT = np.random.RandomState(5).randint(3, 256, 11).tolist()
+TINY_ENGINE = EngineConfig(num_pages=32, page_size=4, max_num_seqs=4, max_num_batched_tokens=16)
+
+
+@pytest.fixture(scope="module")
+def tiny_reference():
+    return generate(TINY_PARAMS, TINY, [TINY_PROMPT], 20)[0].token_ids
 
 
 class _Scripted:
@@ -124,15 +133,15 @@ class _Scripted:
         return out
 
 
-def test_speculative_tree_verify_over_the_latent_cache():
+@pytest.mark.slow
+def test_speculative_tree_verify_over_the_latent_cache(tiny_reference):
     """Draft trees verified over the latent cache (tree masks in the MLA attention, accepted
     rows moved within the cache): the greedy tokens of the reference generator."""
-    ref = generate(TINY_PARAMS, TINY, [TINY_PROMPT], 20)[0].token_ids
+    ref = tiny_reference
     budget = SpeculationBudget(lambda b, g: 1.0, BudgetConfig(beta_init=0.9, max_width=4))
     spec = Speculator(_Scripted(ref), budget)
-    engine = Engine(TINY, TINY_PARAMS, EngineConfig(num_pages=32, page_size=4, max_num_seqs=4,
-                                                    max_num_batched_tokens=16, speculation=True),
-                    speculator=spec, eos_ids=())
+    config = dataclasses.replace(TINY_ENGINE, speculation=True)
+    engine = Engine(TINY, TINY_PARAMS, config, speculator=spec, eos_ids=())
     engine.add_request("r", TINY_PROMPT, 20, SamplingParams(temperature=0.0))
     out = []
     while engine.has_unfinished():
@@ -141,25 +150,28 @@ def test_speculative_tree_verify_over_the_latent_cache():
     assert spec.accepted >= 10 and engine.step_count <= 12
 
 
-def test_latent_kv_export_import_and_shared_prefix():
+@pytest.mark.slow
+def test_latent_kv_export_import_and_shared_prefix(tiny_reference):
     """A request's latent rows leave one engine (`export_kv`) and continue in another; a second
     request with the same prompt starts from the first one's shared prompt pages."""
-    ref = generate(TINY_PARAMS, TINY, [TINY_PROMPT], 16)[0].token_ids
-    config = EngineConfig(num_pages=32, page_size=4, max_num_seqs=4, max_num_batched_tokens=16)
-    a, b = (Engine(TINY, TINY_PARAMS, config, eos_ids=()) for _ in range(2))
-    a.add_request("r", TINY_PROMPT, 16, SamplingParams(temperature=0.0))
-    for _ in range(6):
+    ref = tiny_reference
+    a, b = (Engine(TINY, TINY_PARAMS, TINY_ENGINE, eos_ids=()) for _ in range(2))
+    a.add_request("r", TINY_PROMPT, 20, SamplingParams(temperature=0.0))
+    for _ in range(5):
         a.step()
+    a.add_request("s", TINY_PROMPT, 20, SamplingParams(temperature=0.0))
+    a.step()  # s starts from r's prompt pages
+    assert a.seqs["s"].pages[:2] == a.seqs["r"].pages[:2]
     blob = a.export_kv("r")
     L, W = TINY.num_layers, TINY.mla.cache_width
     assert blob.k.shape == (L, 1, blob.num_computed, W) and blob.v.size == 0
     assert blob.nbytes == TINY.kv_bytes_per_token() * blob.num_computed
     done = blob.output_ids
-    b.add_request("r", TINY_PROMPT, 16 - len(done), SamplingParams(temperature=0.0),
+    b.add_request("r", TINY_PROMPT, 20 - len(done), SamplingParams(temperature=0.0),
                   output_ids=done, kv=blob)
-    b.add_request("s", TINY_PROMPT, 16, SamplingParams(temperature=0.0))
     out = {}
-    while b.has_unfinished():
-        out.update({r.request_id: r.token_ids for r in b.step()})
+    for engine in (a, b):
+        while engine.has_unfinished():
+            out.update({r.request_id: r.token_ids for r in engine.step()})
     assert done + list(out["r"]) == ref
     assert list(out["s"]) == ref
