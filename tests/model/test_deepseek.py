@@ -70,8 +70,9 @@ def _hf_greedy(ref_model) -> list[list[int]]:
 
 
 def _engine(cfg, params, **over) -> Engine:
-    config = EngineConfig(**{**dict(num_pages=160, page_size=4, max_num_batched_tokens=48,
-                                    max_num_seqs=8, max_prefill_seqs=2), **over})
+    # two compiled step shapes (prefill, then decode beside the last prefill chunk and alone)
+    config = EngineConfig(**{**dict(num_pages=160, page_size=4, max_num_batched_tokens=64,
+                                    max_num_seqs=8, max_prefill_seqs=4), **over})
     return Engine(cfg, params, config, eos_ids=())
 
 
