@@ -12,6 +12,7 @@ from seer_jax.drafting.budget import BudgetConfig, SpeculationBudget
 from seer_jax.drafting.draft import Draft
 from seer_jax.engine.engine import Engine, EngineConfig
 from seer_jax.engine.speculation import Speculator
+from seer_jax.errors import ConfigError
 from seer_jax.model.config import tiny_deepseek_config
 from seer_jax.model.generate import full_forward, generate
 from seer_jax.model.llama import init_params
@@ -176,3 +177,41 @@ def test_latent_kv_export_import_and_shared_prefix(tiny_reference):
             out.update({r.request_id: r.token_ids for r in engine.step()})
     assert done + list(out["r"]) == ref
     assert list(out["s"]) == ref
+
+
+@pytest.mark.exhaustive  # kernels in interpret mode: ~20-30 s each on 2 cores
+@pytest.mark.parametrize("impl, rank, rope, tp, layer_weights", [
+    ("reference", 32, 8, 2, "stacked"),
+    ("reference", 32, 8, 1, "per_layer"),
+    ("tpu", 128, 64, 1, "stacked"),
+    ("tpu", 128, 64, 2, "stacked"),
+    ("gpu", 32, 16, 1, "stacked"),
+])
+def test_engine_impls_and_tp_token_identical(impl, rank, rope, tp, layer_weights):
+    """The MLA kernels (interpret mode) and tensor parallelism (query heads split, the latent
+    cache whole on every shard) give the reference generator's greedy tokens."""
+    import jax
+
+    from seer_jax.model.sharding import make_mesh
+
+    cfg = tiny_deepseek_config(eos_token_ids=(), head_dim=16 + rope, mla=dataclasses.replace(
+        TINY.mla, kv_lora_rank=rank, qk_rope_head_dim=rope))
+    params = init_params(cfg, seed=3)
+    prompts = [np.random.RandomState(i).randint(3, 256, n).tolist() for i, n in enumerate((9, 3))]
+    ref = [g.token_ids for g in generate(params, cfg, prompts, 6)]
+    config = EngineConfig(num_pages=16, page_size=8, max_num_seqs=2, max_num_batched_tokens=16,
+                          max_prefill_seqs=2, impl=impl, layer_weights=layer_weights)
+    mesh = make_mesh(jax.devices()[:tp]) if tp > 1 else None
+    engine = Engine(cfg, params, config, mesh=mesh, eos_ids=())
+    assert engine.runner.plan.impl == impl
+    out = {}
+    for i, p in enumerate(prompts):
+        engine.add_request(str(i), p, 6, SamplingParams(temperature=0.0))
+    while engine.has_unfinished():
+        out.update({int(r.request_id): list(r.token_ids) for r in engine.step()})
+    assert [out[i] for i in range(2)] == ref
+
+
+def test_kernel_shapes_the_mla_kernels_cannot_run_are_refused():
+    with pytest.raises(ConfigError, match="kv_lora_rank=32.*multiple of 128"):
+        Engine(TINY, TINY_PARAMS, dataclasses.replace(TINY_ENGINE, impl="tpu"), eos_ids=())
