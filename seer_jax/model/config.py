@@ -13,6 +13,7 @@ from seer_jax.errors import ConfigError, SeerError
 from seer_jax.model.mla_config import MlaConfig, YarnScaling, mla_config_from_hf
 from seer_jax.model.moe_config import (
     MoeConfig,
+    deepseek_v2_moe_config,
     deepseek_v3_moe_config,
     moe_config_from_hf,
     refuse_unsupported_moe,
@@ -27,11 +28,12 @@ ARCHITECTURES: dict[str, tuple[bool, bool]] = {
     "MixtralForCausalLM": (False, False),
     "Qwen2MoeForCausalLM": (True, False),
     "Qwen3MoeForCausalLM": (False, True),
+    "DeepseekV2ForCausalLM": (False, False),
     "DeepseekV3ForCausalLM": (False, False),
 }
 MOE_ARCHITECTURES = ("MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM")
 # multi-head latent attention and the DeepSeek MoE block
-MLA_ARCHITECTURES = ("DeepseekV3ForCausalLM",)
+MLA_ARCHITECTURES = ("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM")
 _MODEL_TYPES = {
     "llama": "LlamaForCausalLM",
     "mistral": "MistralForCausalLM",
@@ -40,6 +42,7 @@ _MODEL_TYPES = {
     "mixtral": "MixtralForCausalLM",
     "qwen2_moe": "Qwen2MoeForCausalLM",
     "qwen3_moe": "Qwen3MoeForCausalLM",
+    "deepseek_v2": "DeepseekV2ForCausalLM",
     "deepseek_v3": "DeepseekV3ForCausalLM",
     "kimi_k2": "DeepseekV3ForCausalLM",
 }
@@ -217,8 +220,13 @@ class ModelConfig:
         mla = moe = None
         num_kv_heads = int(hf.get("num_key_value_heads") or num_heads)
         if arch in MLA_ARCHITECTURES:
-            mla = mla_config_from_hf(hf)
-            moe = deepseek_v3_moe_config(hf)
+            if arch == "DeepseekV2ForCausalLM":
+                # V2's router is softmax top-k; it rotates interleaved pairs (as complex numbers)
+                moe = deepseek_v2_moe_config(hf)
+                mla = dataclasses.replace(mla_config_from_hf(hf), rope_interleave=True)
+            else:
+                moe = deepseek_v3_moe_config(hf)
+                mla = mla_config_from_hf(hf)
             # one latent per token serves every head; head_dim is a head's query/key width
             head_dim, num_kv_heads = mla.qk_head_dim, num_heads
         elif arch in MOE_ARCHITECTURES:

@@ -52,6 +52,11 @@ def make_hf_model(kind: str, out_dir: pathlib.Path, seed: int = 0):
         model = tf.Qwen2MoeForCausalLM(tf.Qwen2MoeConfig(
             **{**TINY_MOE, "num_hidden_layers": 3}, num_experts=8, mlp_only_layers=[1],
             shared_expert_intermediate_size=48, rope_theta=1e6))
+    elif kind == "deepseek_v2":  # V3's shapes, V2's softmax router (no query LoRA)
+        keep = {k: v for k, v in TINY_DEEPSEEK_V3.items()
+                if k not in ("n_group", "topk_group", "rope_interleave", "q_lora_rank")}
+        model = tf.DeepseekV2ForCausalLM(tf.DeepseekV2Config(**keep, q_lora_rank=None,
+                                                             topk_method="greedy"))
     elif kind == "deepseek_v3":
         model = tf.DeepseekV3ForCausalLM(tf.DeepseekV3Config(**TINY_DEEPSEEK_V3))
     else:

@@ -1,5 +1,6 @@
-"""DeepSeek-V3 (multi-head latent attention over the paged latent cache, the DeepSeek MoE block)
-vs transformers: logits, greedy continuations through the engine, exported latent KV."""
+"""DeepSeek-V3 and -V2 (multi-head latent attention over the paged latent cache, the DeepSeek MoE
+block) vs transformers: logits, greedy continuations through the engine; draft-tree verify,
+exported latent KV and shared prefixes, kernels and tp against the reference generator."""
 
 from __future__ import annotations
 
@@ -35,13 +36,21 @@ def deepseek(tmp_path_factory):
     return d, model, cfg, params
 
 
-def test_config_and_logits_match_transformers(deepseek):
-    _, ref_model, cfg, params = deepseek
-    assert cfg.architecture == "DeepseekV3ForCausalLM"
+@pytest.mark.parametrize("kind", ["deepseek_v3", "deepseek_v2"])
+def test_config_and_logits_match_transformers(deepseek, tmp_path, kind):
+    if kind == "deepseek_v3":
+        _, ref_model, cfg, params = deepseek
+        assert cfg.architecture == "DeepseekV3ForCausalLM" and cfg.mla.q_lora_rank == 24
+        assert cfg.moe.n_group == 2 and cfg.moe.scoring == "sigmoid"
+    else:  # V2: no query LoRA, a softmax router
+        ref_model = make_hf_model(kind, tmp_path)
+        cfg, params = load_safetensors_dir(tmp_path)
+        assert cfg.architecture == "DeepseekV2ForCausalLM" and cfg.mla.q_lora_rank is None
+        assert cfg.moe.scoring == "softmax" and cfg.moe.routed_scaling_factor == 2.5
     assert cfg.layer_kinds == ("dense", "moe", "moe")
-    assert cfg.mla.cache_width == 32 + 8 and cfg.mla.q_lora_rank == 24
+    assert cfg.mla.cache_width == 32 + 8
     assert cfg.mla.yarn is not None and cfg.mla.yarn.factor == 4.0
-    assert cfg.moe.n_group == 2 and cfg.moe.shared_intermediate_size == 32
+    assert cfg.moe.shared_intermediate_size == 32
     # latent rows per token-layer, not 2 x heads x head_dim
     assert cfg.kv_bytes_per_token() == 3 * 40 * 4
     lens = [37, 12, 25]
