@@ -140,16 +140,23 @@ class ModelConfig:
         return dataclasses.replace(self, dtype=dtype)
 
     def cost_spec(self, name: str = "served-model"):
-        """This model as a `seer_jax.costs.ModelSpec` (dense GQA), for roofline step times."""
+        """This model as a `seer_jax.costs.ModelSpec` (GQA; routed experts counted apart from
+        the parameters every token uses), for roofline step times."""
         from seer_jax.costs import ModelSpec
 
         itemsize = 4.0 if self.dtype == "float32" else 2.0
         n = float(self.num_params())
+        routed = 0.0
+        if self.moe is not None:
+            m = self.moe
+            routed = float(self.num_moe_layers * m.num_experts * 3 * self.hidden_size
+                           * m.expert_intermediate_size)
         if self.mla is not None:  # absorbed attention: every head scores the latent rows
             head_dim = kv_elems = self.mla.cache_width
         else:
             head_dim, kv_elems = self.head_dim, 2 * self.num_kv_heads * self.head_dim
-        return ModelSpec(name, n, n, n, self.num_layers, self.num_heads, head_dim, kv_elems,
+        return ModelSpec(name, n, float(self.num_params(active=True)), n - routed,
+                         self.num_layers, self.num_heads, head_dim, kv_elems,
                          itemsize, itemsize)
 
     def kv_bytes_per_token(self) -> int:

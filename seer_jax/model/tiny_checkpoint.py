@@ -4,7 +4,8 @@
 
 The weights are our random init (`init_params`) written under the HF tensor names of the
 architecture (per-expert tensors, as HF checkpoints hold them), sharded with an index when
-`--shards` > 1; the tokenizer is byte-level (256 byte tokens and `<|endoftext|>`), so
+`--shards` > 1; the tokenizer is byte-level (256 byte tokens and `<|endoftext|>`, a plain chat
+template), so
 `seer-jax generate --model OUT_DIR --prompt ...` runs end to end without a model hub. No
 transformers needed; transformers loads the result too.
 """
@@ -28,6 +29,9 @@ _MODEL_TYPE = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral",
                "MixtralForCausalLM": "mixtral", "Qwen2MoeForCausalLM": "qwen2_moe",
                "Qwen3MoeForCausalLM": "qwen3_moe"}
 EOS = "<|endoftext|>"
+# a plain chat template, so chat prompts (`--chat`, rollout prompt sets) work
+CHAT_TEMPLATE = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+                 "{% if add_generation_prompt %}assistant: {% endif %}")
 
 
 def tiny_model_config(arch: str = "Qwen3MoeForCausalLM") -> ModelConfig:
@@ -168,7 +172,8 @@ def write_tiny_checkpoint(out_dir: str | pathlib.Path, arch: str = "Qwen3MoeForC
             {"metadata": {"total_size": sum(int(t.nbytes) for t in tensors.values())},
              "weight_map": weight_map}, indent=1))
     (out / "tokenizer.json").write_text(json.dumps(byte_tokenizer_json()))
-    (out / "tokenizer_config.json").write_text(json.dumps({"eos_token": EOS, "add_bos_token": False}))
+    (out / "tokenizer_config.json").write_text(json.dumps(
+        {"eos_token": EOS, "add_bos_token": False, "chat_template": CHAT_TEMPLATE}))
     return out
 
 

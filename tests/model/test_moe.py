@@ -291,3 +291,19 @@ def test_routed_experts_refused_where_unavailable(checkpoints):
     engine = Engine(moe_cfg, params, EngineConfig(num_pages=16))
     with pytest.raises(InputError, match="return_routed_experts needs an engine"):
         engine.add_request("a", [1, 2], 4, SamplingParams(return_routed_experts=True))
+
+
+def test_parameter_counts_and_cost_spec():
+    """Qwen3-30B-A3B's published sizes: 30.5B parameters, 3.3B active (ours counts both the
+    embedding and the LM head among the active ones: 3.35B)."""
+    hf = {"architectures": ["Qwen3MoeForCausalLM"], "vocab_size": 151936, "hidden_size": 2048,
+          "intermediate_size": 6144, "num_hidden_layers": 48, "num_attention_heads": 32,
+          "num_key_value_heads": 4, "head_dim": 128, "num_experts": 128, "num_experts_per_tok": 8,
+          "moe_intermediate_size": 768, "norm_topk_prob": True, "tie_word_embeddings": False}
+    cfg = ModelConfig.from_hf_dict(hf, dtype="bfloat16")
+    assert round(cfg.num_params() / 1e9, 1) == 30.5
+    assert round(cfg.num_params(active=True) / 1e9, 2) == 3.35
+    spec = cfg.cost_spec()
+    assert spec.is_moe and spec.active_params == cfg.num_params(active=True)
+    # what every token uses: all but the 48 x 128 routed experts
+    assert spec.total_params - spec.shared_params == 48 * 128 * 3 * 2048 * 768
