@@ -236,3 +236,14 @@ def test_engine_impls_and_tp_token_identical(impl, rank, rope, tp, layer_weights
 def test_kernel_shapes_the_mla_kernels_cannot_run_are_refused():
     with pytest.raises(ConfigError, match="kv_lora_rank=32.*multiple of 128"):
         Engine(TINY, TINY_PARAMS, dataclasses.replace(TINY_ENGINE, impl="tpu"), eos_ids=())
+
+
+def test_orbax_round_trip_keeps_the_latent_config(tmp_path):
+    from seer_jax.model.llama import flat_params
+    from seer_jax.model.loading import load_orbax, save_orbax
+
+    cfg, params = load_orbax(save_orbax(tmp_path / "ckpt", TINY, TINY_PARAMS))
+    assert cfg == TINY and cfg.mla.yarn == TINY.mla.yarn
+    want, got = flat_params(TINY_PARAMS), flat_params(params)
+    assert got.keys() == want.keys()
+    assert all(np.array_equal(np.asarray(got[k]), np.asarray(want[k])) for k in want)
