@@ -52,3 +52,21 @@ def test_divided_rollout_with_speculation_token_identical():
     assert out.report.kv_bytes_exported > 0  # ... with their latent rows in the pool between
     assert out.report.spec_accepted > 0  # draft trees verified over the latent cache
     assert len({i for r in out.results for i in r.instances}) == 2
+
+
+def test_divided_rollout_token_identical():
+    """Chunks of 6 tokens migrate between the 2 slices through the pool (latent rows)."""
+    reference = generate(PARAMS, CFG, GROUPS[:2], 18)
+    pool = HostKVPool()
+    engine_cfg = EngineConfig(num_pages=48, page_size=8, max_num_seqs=8, max_num_batched_tokens=32,
+                              max_prefill_seqs=2)
+    instances = make_engine_instances(CFG, PARAMS, num_instances=2, tp=1, engine_config=engine_cfg,
+                                      pool=pool, devices=jax.devices()[:2])
+    out = rollout(GROUPS[:2], group_size=3, max_tokens=18, instances=instances,
+                  sampling=SamplingParams(temperature=0.0), policy="seer", pool=pool,
+                  config={"chunk_size": 6})
+    assert len(out.results) == 6
+    for r in out.results:
+        assert r.token_ids == reference[r.group_index].token_ids, r.request_id
+    assert out.report.chunks > 6 and out.report.kv_bytes_exported > 0
+    assert len({i for r in out.results for i in r.instances}) == 2
