@@ -11,14 +11,21 @@ speculation, the engine's own per-step phase timings (`StepStats`) split a step 
   commit   host: emissions, appends, finishes, page roll-back, stats
   host     everything on the critical path that is not device time (plan + h2d + d2h + commit)
   wall     the step() call, measured around it
+  host_cpu CPU time of the calling thread in the step() call (the device runs on XLA's own
+           threads): the host work per step, less disturbed than wall-clock phases when other
+           processes load the machine
   exposed  overlap only: host time on the critical path, an upper bound per step: zero when the
            host still had to wait for step N after dispatching N+1 (the device went from N to
-           N+1 without idling), else the planning and dispatch of N+1
+           N+1 without idling), else the planning and dispatch of N+1; after a step that
+           verified drafts (committed before N+1 is planned) its d2h and commit as well
 
 Each point runs one step at a time (`overlap` off) and overlapped (on: step N+1 is planned and
 dispatched while step N runs, then N is committed; its phases then no longer add up to the
 wall time). The summary compares an overlapped step's wall time with max(device, host) of the
-same point one step at a time. Steps that verify drafts do not overlap.
+same point one step at a time. With speculation a step that verifies drafts is committed before
+the next one is planned (the next step's positions and drafts follow its accepted tokens), so
+there overlap hides only what does not wait for those tokens; its host work is the number to
+watch (`--spec on`).
 
 Models (random weights, greedy sampling, no EOS so the batch stays full):
   tiny     64 wide, 2 layers, 1 KV head of 16: device work is small, so host work shows
@@ -33,6 +40,9 @@ would overrun `--time-budget-s`, is skipped with the reason in the JSON.
   python benchmarks/host_overhead.py --json benchmarks/results/host_overhead/after.json
   python benchmarks/host_overhead.py --models tiny --batches 64 --contexts 1024 --steps 4  # quick
   python benchmarks/host_overhead.py --ab medium:64:1024,medium:256:1024 --json ab.json
+  python benchmarks/host_overhead.py --ab tiny:256:8192:spec --ab-rounds 3 --ab-steps 2 --json ab.json
+  python benchmarks/host_overhead.py --models tiny --batches 256 --contexts 8192 --spec on \
+      --large-steps 8 --json spec.json  # a verify step's host work, overlap off and on
 
 With --ab, each model:batch:context point runs two engines, overlap off and on, in alternating
 blocks of steps, so that both see the same machine (on a busy machine a step's device time
@@ -121,17 +131,18 @@ def run_point(model: str, batch: int, ctx: int, spec: bool, steps: int, warmup: 
     eng.step()  # admits every request (KV import) and runs the first decode
     setup_s = time.perf_counter() - t_setup
     t_run = time.perf_counter()
-    walls = []  # wall time of each step() call, and whether it compiled
+    walls = []  # wall and thread CPU time of each step() call, and whether it compiled
     for _ in range(warmup + steps):
-        c0, w0 = eng.runner.compile_s, time.perf_counter()
+        c0, w0, u0 = eng.runner.compile_s, time.perf_counter(), time.thread_time()
         eng.step()
-        walls.append((time.perf_counter() - w0, eng.runner.compile_s > c0))
+        walls.append((time.perf_counter() - w0, eng.runner.compile_s > c0, time.thread_time() - u0))
     run_s = time.perf_counter() - t_run
     eng.drain()  # with overlap: the last step's phases complete
     stats = list(eng.step_stats)[1 + warmup:]
     kept = [s for s in stats if s.compile_s == 0 and s.batch_size == batch
             and s.num_prefill_tokens == 0]
-    steady_walls = [w for w, compiled in walls[warmup:] if not compiled]
+    steady_walls = [w for w, compiled, _ in walls[warmup:] if not compiled]
+    steady_cpu = [u for _, compiled, u in walls[warmup:] if not compiled]
     out = {"status": "ok", "setup_s": round(setup_s, 2), "run_s": round(run_s, 2),
            "steps": len(stats), "excluded_steps": len(stats) - len(kept),
            "spec_steps": sum(s.num_decode_tokens > batch for s in kept),
@@ -144,6 +155,7 @@ def run_point(model: str, batch: int, ctx: int, spec: bool, steps: int, warmup: 
                                    for s in kept]))
     med["host"] = float(np.median([s.plan_s + s.h2d_s + s.d2h_s + s.commit_s for s in kept]))
     med["wall"] = float(np.median(steady_walls)) if steady_walls else float("nan")
+    med["host_cpu"] = float(np.median(steady_cpu)) if steady_cpu else float("nan")
     if overlap:
         # step N+1 was dispatched before the host waited for step N; if the host then still had
         # to wait, N+1 was queued when N ended and the device did not idle between them: no
@@ -151,7 +163,8 @@ def run_point(model: str, batch: int, ctx: int, spec: bool, steps: int, warmup: 
         # planning and dispatch of N+1 (an upper bound).
         ok = {id(s) for s in kept}
         pairs = [(a, b) for a, b in zip(stats, stats[1:], strict=False) if id(a) in ok and id(b) in ok]
-        exposed = [0.0 if a.wait_s > WAIT_MIN_S else b.plan_s + b.h2d_s for a, b in pairs]
+        exposed = [a.d2h_s + a.commit_s + b.plan_s + b.h2d_s if a.num_decode_tokens > a.batch_size
+                   else 0.0 if a.wait_s > WAIT_MIN_S else b.plan_s + b.h2d_s for a, b in pairs]
         if pairs:
             out["host_waited_share"] = round(sum(a.wait_s > WAIT_MIN_S for a, _ in pairs) / len(pairs), 3)
             med["exposed_host"] = float(np.median(exposed))
@@ -160,13 +173,13 @@ def run_point(model: str, batch: int, ctx: int, spec: bool, steps: int, warmup: 
 
 
 def run_ab(model: str, batch: int, ctx: int, steps: int, rounds: int, warmup: int,
-           page_size: int) -> dict:
+           page_size: int, spec: bool = False) -> dict:
     """Overlap off and on, in alternating blocks of `steps` decode steps (`rounds` each), so
     that both see the same machine: wall time per step of each (median over blocks), and the
     device and host time of the steps run one at a time. An overlapped block ends by
     committing its last step (`drain`), so its first planning and last commit are not hidden."""
-    max_tokens = warmup + rounds * steps + 4
-    engines = {o: build_engine(model, batch, ctx, False, page_size, o, max_tokens)
+    max_tokens = (16 if spec else 1) * (warmup + rounds * steps + 4)
+    engines = {o: build_engine(model, batch, ctx, spec, page_size, o, max_tokens)
                for o in (False, True)}
     for eng in engines.values():
         for _ in range(1 + warmup):  # admission, then compiles
@@ -202,16 +215,17 @@ def run_ab(model: str, batch: int, ctx: int, steps: int, rounds: int, warmup: in
 
 def markdown(points: list[dict]) -> str:
     head = ("| model | batch | ctx | spec | overlap | plan ms | h2d ms | device ms | d2h ms "
-            "| commit ms | host ms | step ms | wall ms | exposed host ms |")
-    rows = [head, "|" + "---|" * 14]
+            "| commit ms | host ms | step ms | wall ms | exposed host ms | host CPU ms |")
+    rows = [head, "|" + "---|" * 15]
     for p in points:
         key = (f"| {p['model']} | {p['batch']} | {p['context']} | {'on' if p['spec'] else 'off'} "
                f"| {'on' if p.get('overlap') else 'off'} |")
         if p["status"] != "ok":
-            rows.append(key + f" {p['status']} |" + " |" * 9)
+            rows.append(key + f" {p['status']} |" + " |" * 10)
             continue
         rows.append(key + "".join(f" {p[f'{k}_ms']:.2f} |" for k in (*PHASES, "host", "step", "wall"))
-                    + (f" {p['exposed_host_ms']:.3f} |" if "exposed_host_ms" in p else " |"))
+                    + (f" {p['exposed_host_ms']:.3f} |" if "exposed_host_ms" in p else " |")
+                    + f" {p['host_cpu_ms']:.2f} |")
     return "\n".join(rows)
 
 
@@ -232,8 +246,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--mem-limit-gib", type=float, default=10.0)
     ap.add_argument("--time-budget-s", type=float, default=840.0)
     ap.add_argument("--ab", default="",
-                    help="model:batch:context points (comma-separated) to run with overlap off and "
-                         "on in alternating blocks, instead of the grid")
+                    help="model:batch:context[:spec] points (comma-separated) to run with overlap "
+                         "off and on in alternating blocks, instead of the grid (:spec: with "
+                         "grouped speculation)")
     ap.add_argument("--ab-rounds", type=int, default=4)
     ap.add_argument("--ab-steps", type=int, default=3, help="steps per block")
     ap.add_argument("--json", default=None)
@@ -251,8 +266,7 @@ def main(argv: list[str] | None = None) -> int:
     points = []
     # cheapest first, so a time budget cuts the large points
     grid = sorted(((m, b, c, s, o) for m in models for s in specs for b in batches
-                   for c in contexts for o in overlaps
-                   if not (s and o)),  # steps that verify drafts do not overlap
+                   for c in contexts for o in overlaps),
                   key=lambda p: (p[0] != "tiny", p[1] * p[2], p[3], p[4]))
     for model, batch, ctx, spec, overlap in grid:
         cfg = model_config(model, ctx + 1024)
@@ -290,6 +304,7 @@ def main(argv: list[str] | None = None) -> int:
             p8, p1, p32 = (find(model, 256, c, spec) for c in (8192, 1024, 32768))
             if p8:
                 summary[f"{tag}_host_ms_b256_ctx8k"] = p8["host_ms"]
+                summary[f"{tag}_host_cpu_ms_b256_ctx8k"] = p8["host_cpu_ms"]
             o8 = find(model, 256, 8192, spec, True)
             if o8 and "exposed_host_ms" in o8:
                 summary[f"{tag}_overlap_exposed_host_ms_b256_ctx8k"] = o8["exposed_host_ms"]
@@ -299,10 +314,10 @@ def main(argv: list[str] | None = None) -> int:
         # overlapped wall time per step against max(device, host) of the same point one step
         # at a time
         for p in ok:
-            on = find(model, p["batch"], p["context"], False, True) if p["model"] == model \
-                and not p["spec"] and not p["overlap"] else None
+            on = find(model, p["batch"], p["context"], p["spec"], True) if p["model"] == model \
+                and not p["overlap"] else None
             if on:
-                key = f"{model}_b{p['batch']}_ctx{p['context']}"
+                key = f"{model}{'_spec' if p['spec'] else ''}_b{p['batch']}_ctx{p['context']}"
                 summary[f"{key}_overlap_wall_over_max_device_host"] = round(
                     on["wall_ms"] / max(p["device_ms"], p["host_ms"]), 3)
                 summary[f"{key}_overlap_wall_over_sync_wall"] = round(on["wall_ms"] / p["wall_ms"], 3)
@@ -322,18 +337,20 @@ def main(argv: list[str] | None = None) -> int:
 def run_ab_points(args, t_start: float) -> int:
     ab = []
     for item in args.ab.split(","):
-        model, batch, ctx = item.split(":")
-        point = {"model": model, "batch": int(batch), "context": int(ctx)}
+        model, batch, ctx, *spec = item.split(":")
+        spec = spec == ["spec"]
+        point = {"model": model, "batch": int(batch), "context": int(ctx), "spec": spec}
         kv_gib, _ = point_memory_gib(model_config(model, int(ctx) + 1024), int(batch), int(ctx),
                                      False, args.page_size)
         if 2 * kv_gib > args.mem_limit_gib:
             point["status"] = f"skipped: two KV caches of {kv_gib:.1f} GiB > --mem-limit-gib"
         else:
             point.update(run_ab(model, int(batch), int(ctx), args.ab_steps, args.ab_rounds,
-                                args.warmup, args.page_size))
+                                args.warmup, args.page_size, spec))
         ab.append(point)
         print(json.dumps(point), flush=True)
-    summary = {f"{p['model']}_b{p['batch']}_ctx{p['context']}_{k}": p[k] for p in ab
+    summary = {f"{p['model']}{'_spec' if p['spec'] else ''}_b{p['batch']}_ctx{p['context']}_{k}": p[k]
+               for p in ab
                if p["status"] == "ok" for k in ("overlap_wall_over_max_device_host",
                                                 "overlap_wall_over_sync_wall", "host_waited_share")}
     summary["wall_s"] = round(time.perf_counter() - t_start, 1)

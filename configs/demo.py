@@ -1,7 +1,7 @@
-"""CPU demo: a tiny random Llama on 4 fake CPU devices (2 instances x tp2), GRPO for 30 steps.
+"""CPU demo: a tiny random Llama on 4 fake CPU devices (2 instances x tp2).
 
-Used by `examples/grpo_tunix.py` by default; `--config.model.name=smollm2` switches the model
-(pass the SmolLM2 dimensions too, see configs/gpu_8xh200.py for the keys, or use --model).
+`seer-jax check-deploy configs/demo.py` checks it; `--config.model.name=smollm2` switches the
+model (pass the SmolLM2 dimensions too, see configs/gpu_8xh200.py for the keys).
 """
 
 from seer_jax.integrations.deploy_config import default_config

@@ -29,6 +29,14 @@ def time_model_line(cfg) -> str:
             f"{cfg.clock})")
 
 
+def _response_json(r) -> dict:
+    out = {"request_id": r.request_id, "token_ids": r.token_ids, "text": r.text,
+           "finish_reason": r.finish_reason, "logprobs": r.logprobs}
+    if r.routed_experts is not None:  # config.engine.return_routed_experts: [token][layer][k]
+        out["routed_experts"] = r.routed_experts
+    return out
+
+
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
@@ -80,9 +88,7 @@ def run(args: argparse.Namespace) -> int:
             "config": cfg.to_dict(),
             "reports": {p: o.report.to_json() if hasattr(o.report, "to_json") else None
                         for p, o in result.outputs.items()},
-            "responses": [{"request_id": r.request_id, "token_ids": r.token_ids, "text": r.text,
-                           "finish_reason": r.finish_reason, "logprobs": r.logprobs}
-                          for r in first.results],
+            "responses": [_response_json(r) for r in first.results],
             "run": run_info(),
         }
         with open(args.json_path, "w") as f:

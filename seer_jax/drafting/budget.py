@@ -94,9 +94,20 @@ class AcceptanceStats:
         self.observations[:tried] += 1
 
     def observe_drafts(self, drafts: Sequence[Draft], accepted: Sequence[int]) -> None:
+        """`observe` for each non-empty draft in turn (on Python floats: a step's drafts cost
+        a few operations each, not array calls)."""
+        beta, seen = self.beta.tolist(), self.observations.tolist()
+        decay, size = self.decay, len(beta)
         for d, a in zip(drafts, accepted, strict=True):
-            if len(d):
-                self.observe(d.depth, a)
+            if not len(d):
+                continue
+            n = min(d.depth, size)
+            a = min(int(a), n)
+            for i in range(min(a + 1, n)):
+                beta[i] += decay * ((1.0 if i < a else 0.0) - beta[i])
+                seen[i] += 1
+        self.beta[:] = beta
+        self.observations[:] = seen
 
     def relax(self, toward: float, rate: float) -> None:
         """Move β a fraction `rate` of the way back to `toward` (no observation this step)."""
@@ -277,39 +288,44 @@ class SpeculationBudget:
             plan = self.plan(n)
         if not plan.enabled:
             return [Draft.empty(d.match_len) for d in drafts]
+        lens = np.fromiter((len(d) for d in drafts), np.int64, n)
+        if not lens.any():
+            return [Draft.empty(d.match_len) for d in drafts]
+        # every request's nodes, concatenated (request, then node order)
+        full = [d for d in drafts if len(d)]
+        dep = np.concatenate([d.depths() for d in full])
+        par = np.concatenate([d.parents for d in full])
+        probs = np.concatenate([d.probs for d in full]).astype(np.float64)
+        req = np.repeat(np.arange(n), lens)
+        first = np.cumsum(lens) - lens  # each request's first node
+        node = np.arange(req.size) - first[req]
         reach = self.stats.reach()
         w = self.weights(priorities)
-        req_parts, node_parts, benefit_parts = [], [], []
-        depths = []
-        for r, d in enumerate(drafts):
-            if not len(d):
-                depths.append(None)
-                continue
-            dep = d.depths()
-            depths.append(dep)
-            ok = np.flatnonzero(dep <= plan.max_depth)
-            req_parts.append(np.full(ok.size, r, np.int64))
-            node_parts.append(ok)
-            benefit_parts.append(w[r] * reach[np.minimum(dep[ok], reach.size) - 1]
-                                 * d.probs[ok].astype(np.float64))
-        if not req_parts:
-            return [Draft.empty(d.match_len) for d in drafts]
-        req = np.concatenate(req_parts)
-        node = np.concatenate(node_parts)
-        benefit = np.concatenate(benefit_parts)
-        chosen = _most_beneficial(req, node, benefit, plan.max_nodes_per_request,
-                                  plan.total_tokens)
-        keep = [None if dep is None else np.zeros(dep.size, bool) for dep in depths]
-        for r, i in zip(req[chosen].tolist(), node[chosen].tolist(), strict=True):
-            keep[r][i] = True
+        ok = np.flatnonzero(dep <= plan.max_depth)
+        benefit = w[req[ok]] * reach[np.minimum(dep[ok], reach.size) - 1] * probs[ok]
+        chosen = ok[_most_beneficial(req[ok], node[ok], benefit, plan.max_nodes_per_request,
+                                     plan.total_tokens)]
+        # a node stays when it and all its ancestors were chosen
+        picked = np.zeros(req.size, bool)
+        picked[chosen] = True
+        parent = np.where(par >= 0, first[req] + par, 0)
+        keep = picked & (par < 0)
+        for _ in range(int(dep.max()) if dep.size else 0):
+            grown = picked & ((par < 0) | keep[parent])
+            if (grown == keep).all():
+                break
+            keep = grown
+        kept = np.bincount(req[keep], minlength=n)
+        scattered = np.bincount(req[keep & (node >= kept[req])], minlength=n)  # not a prefix
         out = []
-        for d, k in zip(drafts, keep, strict=True):
-            if k is None or not k.any():
+        for r, (d, k, s) in enumerate(zip(drafts, kept.tolist(), scattered.tolist(), strict=True)):
+            if not k:
                 out.append(Draft.empty(d.match_len))
+            elif s:
+                out.append(d.select(keep[first[r]:first[r] + len(d)]))
             else:
-                out.append(d.select(_close_under_parents(d.parents, k)))
+                out.append(d.truncate(k))
         return out
-
 
     def allocate_expected(self, reach: np.ndarray, priorities: Sequence[int] | None = None,
                           plan: BudgetPlan | None = None) -> np.ndarray:
@@ -349,14 +365,3 @@ def _most_beneficial(req: np.ndarray, node: np.ndarray, benefit: np.ndarray,
     rank = np.empty_like(by_req)
     rank[by_req] = np.arange(by_req.size) - starts
     return order[rank < max_per_request][:total]
-
-
-def _close_under_parents(parents: np.ndarray, keep: np.ndarray) -> np.ndarray:
-    """Drop kept nodes whose parent is not kept (in topological order, so chains of drops
-    propagate). Benefits never increase from parent to child, so this only triggers on ties."""
-    keep = keep.copy()
-    par = parents.tolist()
-    for i in range(keep.size):
-        if keep[i] and par[i] >= 0 and not keep[par[i]]:
-            keep[i] = False
-    return keep

@@ -24,6 +24,25 @@ from seer_jax.drafting.suffix_automaton import SuffixAutomaton
 _EMPTY_I32 = np.zeros((0,), np.int32)
 _EMPTY_F32 = np.zeros((0,), np.float32)
 _rank_key = operator.itemgetter(0, 1)
+# a chain's parents and depths: read-only views of these (no arrays built per draft)
+_CHAIN_PARENTS = np.arange(-1, 255, dtype=np.int32)
+_CHAIN_DEPTHS = np.arange(1, 257, dtype=np.int32)
+_CHAIN_PARENTS.flags.writeable = False
+_CHAIN_DEPTHS.flags.writeable = False
+
+
+def _frozen(depths: list[int]) -> np.ndarray:
+    d = np.asarray(depths, np.int32)
+    d.flags.writeable = False
+    return d
+
+
+def _chain(tokens: list[int], probs: list[float], match_len: int) -> Draft:
+    n = len(tokens)
+    if n > _CHAIN_DEPTHS.size:
+        return Draft.chain(tokens, probs, match_len)
+    return Draft(np.asarray(tokens, np.int32), _CHAIN_PARENTS[:n],
+                 np.asarray(probs, np.float32), match_len, _CHAIN_DEPTHS[:n])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,6 +53,8 @@ class Draft:
     parents: np.ndarray  # int32 [n]
     probs: np.ndarray  # float32 [n]
     match_len: int = 0  # length of the context match the draft continues
+    # depths(), computed once (read-only; a draft's arrays do not change)
+    _depths: np.ndarray | None = dataclasses.field(default=None, compare=False, repr=False)
 
     @staticmethod
     def empty(match_len: int = 0) -> Draft:
@@ -43,7 +64,9 @@ class Draft:
     def chain(tokens, probs=None, match_len: int = 0) -> Draft:
         t = np.asarray(tokens, np.int32).reshape(-1)
         p = np.ones(t.shape, np.float32) if probs is None else np.asarray(probs, np.float32)
-        return Draft(t, np.arange(-1, t.size - 1, dtype=np.int32), p, match_len)
+        dep = np.arange(1, t.size + 1, dtype=np.int32)
+        dep.flags.writeable = False
+        return Draft(t, np.arange(-1, t.size - 1, dtype=np.int32), p, match_len, dep)
 
     def __len__(self) -> int:
         return int(self.tokens.shape[0])
@@ -53,11 +76,16 @@ class Draft:
         return bool(np.array_equal(self.parents, np.arange(-1, len(self) - 1)))
 
     def depths(self) -> np.ndarray:
-        """int32 [n]: 1 for children of the committed token, parent depth + 1 below."""
-        d = np.zeros((len(self),), np.int32)
-        par = self.parents
-        for i in range(len(self)):
-            d[i] = 1 if par[i] < 0 else d[par[i]] + 1
+        """int32 [n] (read-only): 1 for children of the committed token, parent depth + 1
+        below."""
+        d = self._depths
+        if d is None:
+            out: list[int] = []
+            for p in self.parents.tolist():
+                out.append(1 if p < 0 else out[p] + 1)
+            d = np.asarray(out, np.int32)
+            d.flags.writeable = False
+            object.__setattr__(self, "_depths", d)
         return d
 
     @property
@@ -69,7 +97,8 @@ class Draft:
         if num_nodes >= len(self):
             return self
         n = max(int(num_nodes), 0)
-        return Draft(self.tokens[:n], self.parents[:n], self.probs[:n], self.match_len)
+        dep = None if self._depths is None else self._depths[:n]
+        return Draft(self.tokens[:n], self.parents[:n], self.probs[:n], self.match_len, dep)
 
     def select(self, keep: np.ndarray) -> Draft:
         """The nodes where `keep` (bool [n]) is set, parents re-indexed. Every kept node's parent
@@ -82,7 +111,8 @@ class Draft:
         if np.any(par >= 0) and not keep[par[par >= 0]].all():
             raise ValueError("select: a kept node's parent was dropped")
         new_par = np.where(par >= 0, new_index[np.maximum(par, 0)], -1).astype(np.int32)
-        return Draft(self.tokens[keep], new_par, self.probs[keep], self.match_len)
+        dep = None if self._depths is None else self._depths[keep]  # (ancestors all kept)
+        return Draft(self.tokens[keep], new_par, self.probs[keep], self.match_len, dep)
 
     def path_to(self, node: int) -> list[int]:
         """Tokens from the root to `node` inclusive."""
@@ -158,8 +188,8 @@ def build_draft(
         probs: list[float] = []
         prob = 1.0
         v, k = state, length
-        limit = min(max_nodes, max_depth)
-        while len(tokens) < limit:
+        ln, link = sam._len, sam._link
+        for _ in range(min(max_nodes, max_depth)):
             tok = best[v]
             if tok < 0:
                 break
@@ -170,17 +200,18 @@ def build_draft(
             tokens.append(tok)
             probs.append(prob)
             v, k = x, k + 1
-            if k > cap:
-                v, k = clamp(v, k, cap)
+            if k > cap:  # (`SuffixAutomaton.clamp`, inline)
+                while v and cap <= ln[link[v]]:
+                    v = link[v]
+                k = cap
         if not tokens:
             return Draft.empty(length)
-        t = np.asarray(tokens, np.int32)
-        return Draft(t, np.arange(-1, t.size - 1, dtype=np.int32),
-                     np.asarray(probs, np.float32), length)
+        return _chain(tokens, probs, length)
 
     out_tok: list[int] = []
     out_par: list[int] = []
     out_prob: list[float] = []
+    out_dep: list[int] = []
     heap: list = []
     order = 0
 
@@ -214,13 +245,14 @@ def build_draft(
         out_tok.append(t)
         out_par.append(parent)
         out_prob.append(-neg_p)
+        out_dep.append(depth)
         if k > cap:
             s, k = clamp(s, k, cap)
         push_children(idx, s, k, -neg_p, depth)
     if not out_tok:
         return Draft.empty(length)
     return Draft(np.asarray(out_tok, np.int32), np.asarray(out_par, np.int32),
-                 np.asarray(out_prob, np.float32), length)
+                 np.asarray(out_prob, np.float32), length, _frozen(out_dep))
 
 
 def merge_drafts(drafts: list[Draft], max_nodes: int) -> Draft:
@@ -259,4 +291,4 @@ def merge_drafts(drafts: list[Draft], max_nodes: int) -> Draft:
     return Draft(np.asarray([tok[i] for i in order], np.int32),
                  np.asarray([new[par[i]] if par[i] >= 0 else -1 for i in order], np.int32),
                  np.asarray([prob[i] for i in order], np.float32),
-                 max(d.match_len for d in drafts))
+                 max(d.match_len for d in drafts), _frozen([depth[i] for i in order]))

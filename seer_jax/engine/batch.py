@@ -350,34 +350,41 @@ def build_batch(decode: Sequence[Any], prefill: Sequence[tuple[Any, int]], draft
 
 def _draft_region(layout: Layout, decode, drafts, rows: RequestRows, tokens, positions, slots,
                   logits_index, cu, kv_lens, S: int) -> DraftTree:
-    """Lay the decode region out as [pending token, draft nodes...] per request."""
-    from seer_jax.engine.speculation import verify_parents
-
+    """Lay the decode region out as [pending token, draft nodes...] per request (every
+    request's tokens at once: array operations over the concatenated drafts)."""
     q = layout.q_dec
-    n_nodes = q - 1
+    nd = len(decode)
     parents = np.full(layout.n_dec * q, -1, np.int32)
-    d_tokens = np.zeros((layout.n_dec, n_nodes), np.int32)
-    d_parents = np.full((layout.n_dec, n_nodes), -1, np.int32)
+    d_tokens = np.zeros((layout.n_dec, q - 1), np.int32)
+    d_parents = np.full((layout.n_dec, q - 1), -1, np.int32)
     num_draft = np.zeros(layout.n_dec, np.int32)
-    t = 0
-    for i, (seq, d) in enumerate(zip(decode, drafts, strict=True)):
+    for seq in decode:
         if seq.pending_row >= 0:
             raise ValueError(f"request {seq.request_id!r}: drafts while its last token is still "
                              "on the device")
-        n = len(d)
-        root = seq.num_computed
-        tokens[t] = seq.token_ids[root]
-        tokens[t + 1:t + 1 + n] = d.tokens
-        positions[t] = root
-        positions[t + 1:t + 1 + n] = root + d.depths()
-        pos = root + np.arange(n + 1)
-        slots[t:t + 1 + n] = rows.pages[seq.row, pos // S] * S + pos % S
-        parents[t:t + 1 + n] = verify_parents(d)
-        logits_index[i * q:i * q + 1 + n] = np.arange(t, t + 1 + n)
-        kv_lens[i] = root + 1 + n
-        cu[i + 1] = cu[i] + 1 + n
-        d_tokens[i, :n] = d.tokens
-        d_parents[i, :n] = d.parents
-        num_draft[i] = n
-        t += 1 + n
+    lens = np.fromiter((len(d) for d in drafts), np.int64, nd)
+    root = np.fromiter((s.num_computed for s in decode), np.int64, nd)
+    seq_rows = np.fromiter((s.row for s in decode), np.intp, nd)
+    width = 1 + lens
+    first = np.cumsum(width) - width  # each request's first token (its pending one)
+    total = int(width.sum())
+    of = np.repeat(np.arange(nd), width)  # request of each token
+    j = np.arange(total) - first[of]  # 0: the pending token, k: draft node k - 1
+    node = j > 0
+    full = [d for d in drafts if len(d)]
+    if full:
+        dep = np.concatenate([d.depths() for d in full])
+        tokens[:total][node] = d_tokens[of[node], j[node] - 1] = np.concatenate([d.tokens for d in full])
+        par = np.concatenate([d.parents for d in full])
+        parents[:total][node] = par + 1  # relative to the pending token (0)
+        d_parents[of[node], j[node] - 1] = par
+        positions[:total][node] = root[of[node]] + dep
+    tokens[first] = np.fromiter((s.token_ids[s.num_computed] for s in decode), np.int32, nd)
+    positions[first] = root
+    pos = root[of] + j
+    slots[:total] = rows.pages[seq_rows[of], pos // S] * S + pos % S
+    logits_index[of * q + j] = np.arange(total)
+    kv_lens[:nd] = root + width
+    cu[1:nd + 1] = np.cumsum(width)
+    num_draft[:nd] = lens
     return DraftTree(parents, d_tokens, d_parents, num_draft)

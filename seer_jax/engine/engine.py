@@ -19,9 +19,10 @@ from collections.abc import Callable
 
 from jax.sharding import Mesh
 
+from seer_jax.engine import spec_steps
 from seer_jax.engine.attention_backend import ENGINE_IMPLS
 from seer_jax.engine.batch import RequestRows, StepBatch, build_batch
-from seer_jax.engine.block_manager import BlockManager, OutOfPages
+from seer_jax.engine.block_manager import BlockManager
 from seer_jax.engine.kv_cache import KVBlob, KVCacheManager
 from seer_jax.engine.model_runner import Launched, ModelRunner
 from seer_jax.engine.request import Request, RequestStatus
@@ -53,12 +54,13 @@ class EngineConfig:
     preemption: str = "recompute"  # or "swap"
     max_top_logprobs: int = 0
     # MoE models: sample steps return the routers' expert ids, for requests that ask
-    # (`SamplingParams.return_routed_experts`); not with speculation
+    # (`SamplingParams.return_routed_experts`); verify steps return those of every accepted token
     return_routed_experts: bool = False
     speculation: bool = False  # grouped speculative decoding (drafts from the group context)
     # plan and dispatch step N+1 while step N runs on the device, then commit step N (its
     # sampled tokens feed step N+1 on the device); finished requests come back one step later.
-    # Steps that verify drafts run one at a time (their drafts need the committed tokens).
+    # With speculation, a step that verifies drafts, or precedes one, is committed before the
+    # next is planned (its accepted tokens decide the next step's positions and drafts).
     overlap: bool = True
     # per-step statistics kept (the most recent); an engine a trainer keeps alive for days must
     # not grow without bound
@@ -89,9 +91,6 @@ class EngineConfig:
         if self.layer_weights not in LAYER_WEIGHTS:
             raise ConfigError(f"engine config layer_weights={self.layer_weights!r}: allowed "
                               f"{', '.join(map(repr, LAYER_WEIGHTS))}")
-        if self.return_routed_experts and self.speculation:
-            raise ConfigError("engine config return_routed_experts=True with speculation=True: "
-                              "verify steps do not return routed experts; turn one off")
 
 
 @dataclasses.dataclass
@@ -213,7 +212,7 @@ class Engine:
         self.spec = speculator
         if speculator is not None:
             speculator.budget.serve(cfg.cost_spec())
-        self.overlap = config.overlap and speculator is None
+        self.overlap = config.overlap
         self._inflight: InFlight | None = None
         self._ready: list[RequestOutput] = []  # finished by a commit outside step()
 
@@ -352,8 +351,12 @@ class Engine:
         return finished
 
     def _step_overlapped(self) -> list[RequestOutput]:
-        t0, p0 = self.clock(), time.perf_counter()
         prev = self._inflight
+        if prev is not None and self.spec is not None and (
+                prev.plan.drafts is not None or self.spec.wants_drafts(self.scheduler.num_running)):
+            self.drain()  # the next plan needs its tokens: positions after acceptance, drafts
+            prev = None
+        t0, p0 = self.clock(), time.perf_counter()
         plan = self._plan(idle_ok=prev is not None)
         launched = None
         if plan is not None:  # (if this raises, prev stays in flight: its tokens are not lost)
@@ -376,21 +379,25 @@ class Engine:
         launched = self.runner.launch(batch, self.config.max_top_logprobs,
                                       None if prev is None else prev.launched)
         step = self.step_count
-        for seq, n in [(s, 1) for s in decode] + prefill:
-            seq.num_computed += n
+        for seq, _ in [(s, 1) for s in decode] + prefill:
             seq.metrics.num_steps += 1
         for seq in decode:
             seq.metrics.decode_steps += 1
-        pending = [(seq, row, seq.reserve_token(row, step)) for seq, row in batch.rows]
+        pending = []
+        if plan.drafts is None:  # (a verified step's tokens advance at its commit)
+            for seq, n in [(s, 1) for s in decode] + prefill:
+                seq.num_computed += n
+            pending = [(seq, row, seq.reserve_token(row, step)) for seq, row in batch.rows]
+            # prompts whose prefill this step completes are offered to their group-mates now:
+            # any later step that reads the pages runs after this one on the device
+            self._register_prefixes(prefill)
         kv_counted = {s.request_id: s.num_computed for s in decode}
         kv_counted.update((s.request_id, s.num_computed) for s, _ in prefill)
-        # prompts whose prefill this step completes are offered to their group-mates now: any
-        # later step that reads the pages runs after this one on the device
-        self._register_prefixes(prefill)
         kv_tokens = sum(s.num_computed for s in decode) + sum(s.num_computed for s, _ in prefill)
         n_pre = sum(n for _, n in prefill)
-        stats = StepStats(step, len(decode) + len(prefill), len(decode) + n_pre, n_pre,
-                          len(decode), 0.0, kv_tokens)
+        n_dec = sum(1 + len(d) for d in plan.drafts) if plan.drafts else len(decode)
+        stats = StepStats(step, len(decode) + len(prefill), n_dec + n_pre, n_pre, n_dec, 0.0,
+                          kv_tokens)
         self.step_stats.append(stats)
         self.step_count += 1
         return InFlight(step, plan, launched, pending, stats, t0, kv_counted)
@@ -399,9 +406,17 @@ class Engine:
         """Bring a launched step's tokens to the host (one transfer) and commit them: append,
         finish (EOS, stop ids, budget), register completed prompt prefixes. A request that
         ended meanwhile (finished by the step before, or aborted) drops its token."""
-        toks, lps, top = self.runner.fetch(inflight.launched)
+        out = self.runner.fetch(inflight.launched)
         c0, now = time.perf_counter(), self.clock()
-        finished = []
+        plan, stats = inflight.plan, inflight.stats
+        if plan.drafts is not None:
+            finished = self._emit(plan, self._accept(plan, out), now, inflight.step)
+            self._register_prefixes(plan.prefill)
+            stats.kv_tokens = sum(s.num_computed for s in plan.decode) + sum(
+                s.num_computed for s, _ in plan.prefill)
+            return self._close_stats(stats, inflight.t0, c0, finished)
+        toks, lps, top = out
+        finished, appended, ended = [], [], []
         toks, lps = toks.tolist(), lps.tolist()
         for seq, row, pos in inflight.pending:
             if seq.status is RequestStatus.FINISHED:
@@ -417,15 +432,26 @@ class Engine:
                 seq.routed_experts.append(self.runner.routed_experts[row].tolist())
             if seq.metrics.first_token_time is None:
                 seq.metrics.first_token_time = now
+            appended.append((seq.group_id, seq.request_id, [tok]))
             reason = self._finish_reason(seq, tok)
             if reason is not None:
+                ended.append((seq.group_id, seq.request_id))
                 finished.append(self._finish(seq, reason, inflight.step))
         if finished and self._inflight is not None and self._inflight is not inflight:
             self._uncount(self._inflight, {o.request_id for o in finished})
-        stats, rt = inflight.stats, self.runner.timings
+        if self.spec is not None:
+            self.spec.on_step(appended, ended)
+        return self._close_stats(stats, inflight.t0, c0, finished)
+
+    def _close_stats(self, stats: StepStats, t0: float, c0: float, finished: list) -> list:
+        """A committed step's device, transfer and commit times; the budget learns from it."""
+        rt = self.runner.timings
         stats.device_s, stats.d2h_s, stats.wait_s = rt.device_s, rt.d2h_s, rt.wait_s
         stats.commit_s = time.perf_counter() - c0
-        stats.duration_s = self.clock() - inflight.t0
+        stats.duration_s = self.clock() - t0
+        if self.spec is not None:
+            self.spec.budget.observe_step(stats.num_tokens, stats.plan_s + stats.h2d_s
+                                          + stats.device_s + stats.d2h_s + stats.commit_s)
         return finished
 
     def _uncount(self, later: InFlight, ended: set[str]) -> None:
@@ -477,7 +503,12 @@ class Engine:
                 raise SeerError("no request can be scheduled: the KV pool is too small for the "
                                 "smallest waiting request")
             return None
-        drafts = self._propose(decode) if self.spec is not None and decode else None
+        drafts = None
+        if self.spec is not None and decode:
+            if any(s.pending_row >= 0 for s in decode):  # tokens on the device: no drafts
+                self.spec.skip(len(decode))
+            else:
+                drafts = spec_steps.propose(self.spec, self.kv, decode, self.max_model_len)
         c = self.config
         batch = build_batch(decode, prefill, drafts, self.kv.rows, page_size=c.page_size,
                             max_num_seqs=c.max_num_seqs, max_prefill_seqs=c.max_prefill_seqs,
@@ -504,29 +535,27 @@ class Engine:
                     seq.routed_experts.append(self.runner.routed_experts[row].tolist())
                 emissions.append((seq, [toks[row]], [lps[row]], tops))
             return emissions
-        (d_toks, d_lps, n_acc, acc_nodes), pre = self.runner.verify(batch)
-        src, dst = [], []
-        accepted = []
-        for i, seq in enumerate(decode):
-            a = int(n_acc[i])
-            root = seq.num_computed
-            for k, node in enumerate(acc_nodes[i, :a].tolist()):
-                if node != k:  # compact the accepted tree path into consecutive slots
-                    src.append(self.kv.slot(seq, root + 1 + node))
-                    dst.append(self.kv.slot(seq, root + 1 + k))
-            seq.num_computed += 1 + a
-            seq.metrics.spec_proposed += len(drafts[i])
-            seq.metrics.spec_accepted += a
-            accepted.append(a)
-            emissions.append((seq, d_toks[i, :a + 1].tolist(), d_lps[i, :a + 1].tolist(), []))
-        self.runner.move_slots(src, dst)
-        self.spec.observe(drafts, accepted)
-        split = batch.layout.n_dec * batch.layout.q_dec
-        for seq, n in prefill:
+        return self._accept(plan, self.runner.verify(batch))
+
+    def _accept(self, plan: StepPlan, out) -> list[tuple[Request, list[int], list[float], list]]:
+        """The emissions of a verified step (`spec_steps.accept`), its prefill rows after."""
+        dec_out, pre = out
+        if any(s.sampling.return_routed_experts for s in plan.decode):
+            q, (_, _, n_acc, acc_nodes) = plan.batch.layout.q_dec, dec_out
+            for i, seq in enumerate(plan.decode):
+                if seq.sampling.return_routed_experts:  # token j came from the root, then node j-1
+                    rows = [i * q] + [i * q + 1 + n for n in acc_nodes[i, :int(n_acc[i])].tolist()]
+                    seq.routed_experts.extend(self.runner.routed_experts[rows].tolist())
+        emissions = spec_steps.accept(plan.decode, plan.drafts, dec_out, self.kv, self.runner,
+                                      self.spec)
+        split = plan.batch.layout.n_dec * plan.batch.layout.q_dec
+        for seq, n in plan.prefill:
             seq.num_computed += n
-        for seq, row in batch.rows:
+        for seq, row in plan.batch.rows:
             if row >= split:
                 emissions.append((seq, [int(pre[0][row - split])], [float(pre[1][row - split])], []))
+                if seq.sampling.return_routed_experts:
+                    seq.routed_experts.append(self.runner.routed_experts[row].tolist())
         return emissions
 
     def _commit(self, plan: StepPlan, emissions, t0: float) -> list[RequestOutput]:
@@ -538,8 +567,19 @@ class Engine:
         for seq in decode:
             seq.metrics.decode_steps += 1
         kv_tokens = sum(s.num_computed for s in decode) + sum(s.num_computed for s, _ in prefill)
-        now = self.clock()
-        finished = []
+        finished = self._emit(plan, emissions, self.clock(), self.step_count)
+        self._register_prefixes(prefill)
+        n_dec = sum(1 + (len(d) if drafts else 0) for d in (drafts or decode))
+        n_pre = sum(n for _, n in prefill)
+        self.step_stats.append(StepStats(self.step_count, len(decode) + len(prefill), n_dec + n_pre,
+                                         n_pre, n_dec, self.clock() - t0, kv_tokens))
+        self.step_count += 1
+        return finished
+
+    def _emit(self, plan: StepPlan, emissions, now: float, step: int) -> list[RequestOutput]:
+        """Append emitted tokens, finish requests (EOS, stop ids, budget), give back the pages
+        of rejected draft nodes; the draft service gets the tokens."""
+        finished, appended, ended = [], [], []
         for seq, toks_e, lps_e, tops_e in emissions:
             if seq.metrics.first_token_time is None:
                 seq.metrics.first_token_time = now
@@ -554,41 +594,15 @@ class Engine:
                 reason = self._finish_reason(seq, tok)
                 if reason is not None:
                     break
-            if self.spec is not None:
-                self.spec.on_tokens(seq.group_id, seq.request_id, toks_e[:n_out])
+            appended.append((seq.group_id, seq.request_id, toks_e[:n_out]))
             if reason is not None:
-                if self.spec is not None:
-                    self.spec.on_finish(seq.group_id, seq.request_id)
-                finished.append(self._finish(seq, reason, self.step_count))
-            elif drafts is not None:  # roll back pages the rejected draft nodes used
+                ended.append((seq.group_id, seq.request_id))
+                finished.append(self._finish(seq, reason, step))
+            elif plan.drafts is not None:  # roll back pages the rejected draft nodes used
                 self.kv.trim(seq, seq.num_tokens)
-        self._register_prefixes(prefill)
-        n_dec = sum(1 + (len(d) if drafts else 0) for d in (drafts or decode))
-        n_pre = sum(n for _, n in prefill)
-        self.step_stats.append(StepStats(self.step_count, len(decode) + len(prefill), n_dec + n_pre,
-                                         n_pre, n_dec, self.clock() - t0, kv_tokens))
-        self.step_count += 1
+        if self.spec is not None:
+            self.spec.on_step(appended, ended)
         return finished
-
-    def _propose(self, decode: list[Request]):
-        """Drafts for the decode batch (None: no speculation this step). Each draft fits the
-        sequence's remaining token budget and context, and its verify pages are allocated."""
-        limits = [min(s.max_tokens - s.num_new, self.max_model_len - s.num_tokens) - 1 for s in decode]
-        drafts = self.spec.propose(decode, limits)
-        if drafts is None:
-            return None
-        out = []
-        for seq, d in zip(decode, drafts, strict=True):
-            room = self.max_model_len - seq.num_tokens
-            if len(d) > room:
-                d = d.truncate(max(room, 0))
-            if len(d):
-                try:
-                    self.kv.grow(seq, seq.num_computed + 1 + len(d))
-                except OutOfPages:
-                    d = d.truncate(0)
-            out.append(d)
-        return out if any(len(d) for d in out) else None
 
     def _finish(self, seq: Request, reason: str, step: int) -> RequestOutput:
         seq.metrics.finish_time = self.clock()

@@ -216,15 +216,17 @@ def _sample_step(params, kv_all, batch, *, cfg, layout, plan, num_top, unroll=1,
     return kv_all, pack_outputs(*out)
 
 
-def _verify_step(params, kv_all, batch, *, cfg, layout, plan, unroll=1):
+def _verify_step(params, kv_all, batch, *, cfg, layout, plan, unroll=1, routed=False):
     """Speculative step: the decode region holds [last token, draft nodes...] per sequence (a
     token tree via dec_parents); every decode-region token gets logits, and the draft tree is
-    accepted or rejected losslessly. Prefill rows are sampled as usual."""
+    accepted or rejected losslessly. Prefill rows are sampled as usual. routed: the routers'
+    expert ids of every row (each decode-region token, each prefill row) follow the outputs."""
     TRACE_COUNTS["step"] += 1
     attention = _step_attention(cfg, layout, plan)
-    logits, kv_all = forward(params, cfg, batch["tokens"], batch["positions"], kv_all, batch,
-                             attention, logits_index=batch["logits_index"], unroll=unroll,
-                             expert_mesh=plan.expert_mesh)
+    logits, kv_all, *routing = forward(
+        params, cfg, batch["tokens"], batch["positions"], kv_all, batch, attention,
+        logits_index=batch["logits_index"], unroll=unroll, expert_mesh=plan.expert_mesh,
+        return_routing=routed)
     nd, q = layout.n_dec, layout.q_dec
     keys = request_keys(batch["seeds"], batch["gen_index"])
     temp, top_p, top_k = batch["temperature"], batch["top_p"], batch["top_k"]
@@ -235,6 +237,8 @@ def _verify_step(params, kv_all, batch, *, cfg, layout, plan, unroll=1):
     if layout.n_pre:
         out += sample_tokens(logits[nd * q:], keys[nd * q:], temp[nd * q:], top_p[nd * q:],
                              top_k[nd * q:])
+    if routed:
+        out.append(routing[0][:, batch["logits_index"]].transpose(1, 0, 2))
     return kv_all, pack_outputs(*out)
 
 
@@ -300,7 +304,7 @@ def _merge_tokens(tokens, src, prev):
 STEP_STATIC = {_sample_step: ("cfg", "layout", "plan", "num_top"),
                _verify_step: ("cfg", "layout", "plan")}
 # optional static arguments: `unroll`, the layer scan's unroll (compiled cost analyses count a
-# loop body once); `routed` (sample steps), the routed expert ids of every sampled row
+# loop body once); `routed`, the routed expert ids of every row
 STEP_OPTIONAL = ("unroll", "routed")
 
 
@@ -325,9 +329,10 @@ def step_jit(fn, kv_format: Format, params, replicated, **static):
 
 
 def _move_slots(kv_all, src, dst):
+    """dst past the end: padding, dropped."""
     L, P, S, *row = kv_all.shape
     flat = kv_all.reshape(L, P * S, *row)
-    return flat.at[:, dst].set(flat[:, src]).reshape(kv_all.shape)
+    return flat.at[:, dst].set(flat[:, src], mode="drop").reshape(kv_all.shape)
 
 
 def _copy_pages(kv_all, src, dst):
@@ -384,8 +389,8 @@ class ModelRunner:
         """max_seqs, pages_per_seq, max_tokens: the largest batch the engine will build; with
         them a kernel impl that cannot lower for these shapes is refused here (ConfigError).
         layer_weights: how the layer weights are held (`llama.LAYER_WEIGHTS`).
-        routed_experts: sample steps also return the MoE routers' expert ids of every sampled
-        row (`routed_experts` after each `fetch` of one)."""
+        routed_experts: steps also return the MoE routers' expert ids of every row (sampled
+        rows; a verify step's every decode-region token) (`routed_experts` after each `fetch`)."""
         self.cfg = cfg
         self.routed = ((cfg.num_moe_layers, cfg.moe.num_experts_per_tok)
                        if routed_experts and cfg.moe is not None else None)
@@ -547,18 +552,18 @@ class ModelRunner:
             jax.block_until_ready(dev)
         t1 = time.perf_counter()
         kind = "verify" if batch.draft is not None and batch.draft.tokens is not None else "sample"
+        extra = {"routed": True} if self.routed else {}
         with _STEP_LOCK:
             if kind == "verify":
                 exe = self._executable(_verify_step, dev, cfg=self.cfg, layout=batch.layout,
-                                       plan=self.plan)
+                                       plan=self.plan, **extra)
             else:
-                extra = {"routed": True} if self.routed else {}
                 exe = self._executable(_sample_step, dev, cfg=self.cfg, layout=batch.layout,
                                        plan=self.plan, num_top=num_top, **extra)
             t2 = time.perf_counter()
             self.kv_all, packed = exe(self.params, self.kv_all, dev)
             _IN_FLIGHT.append(packed)
-        routed = (batch.layout.num_rows, *self.routed) if self.routed and kind == "sample" else None
+        routed = (batch.layout.num_rows, *self.routed) if self.routed else None
         return Launched(kind, batch.layout, num_top, packed, h2d_s=t1 - t0,
                         dispatch_s=time.perf_counter() - t2, routed=routed)
 
@@ -572,11 +577,11 @@ class ModelRunner:
         packed = to_host(launched.packed)
         t2 = time.perf_counter()
         self.timings = StepTimings(launched.h2d_s, launched.dispatch_s + t1 - t0, t2 - t1, t1 - t0)
-        if launched.kind == "verify":
-            return verify_outputs(packed, launched.layout)
         if launched.routed is not None:
             n = math.prod(launched.routed)
             packed, self.routed_experts = packed[:-n], packed[-n:].reshape(launched.routed)
+        if launched.kind == "verify":
+            return verify_outputs(packed, launched.layout)
         return sample_outputs(packed, launched.layout, launched.num_top)
 
     def sample(self, batch: StepBatch, num_top: int = 0):
@@ -589,13 +594,17 @@ class ModelRunner:
         num_accepted [n_dec], accepted_nodes [n_dec, q-1]) and the prefill (tokens, logprobs)."""
         return self.fetch(self.launch(batch, wait_inputs=True))
 
-    def move_slots(self, src: list[int], dst: list[int]) -> None:
+    def move_slots(self, src, dst) -> None:
         """Copy the K/V at cache slots src to slots dst (all layers): compacts an accepted tree
-        path into consecutive positions."""
-        if src:
-            check_unique("accepted draft slots", dst)
-            self.kv_all = self._move_slots(self.kv_all, self.device_input(src, jnp.int32),
-                                           self.device_input(dst, jnp.int32))
+        path into consecutive positions. Padded to a bucket of sizes (few compiled variants)."""
+        if len(src):
+            n = bucket(len(src), 64)
+            end = self.num_pages * self.page_size
+            check_unique("accepted draft slots", dst, hi=end)
+            src = np.pad(np.asarray(src, np.int32), (0, n - len(src)))
+            dst = np.pad(np.asarray(dst, np.int32), (0, n - len(dst)), constant_values=end)
+            self.kv_all = self._move_slots(self.kv_all, self.device_input(src),
+                                           self.device_input(dst))
 
     def copy_pages(self, pairs: list[tuple[int, int]]) -> None:
         if not pairs:

@@ -14,7 +14,7 @@ import numpy as np
 
 from seer_jax.drafting.budget import SpeculationBudget
 from seer_jax.drafting.draft import Draft
-from seer_jax.drafting.service import DraftQuery, InProcessDraftService
+from seer_jax.drafting.service import DraftAppend, DraftQuery, InProcessDraftService
 
 
 class Speculator:
@@ -48,6 +48,31 @@ class Speculator:
         close = getattr(self.service, "close_group", None)
         if close is not None:
             close(group_id)
+
+    def on_step(self, appended, ended) -> None:
+        """A committed step: its tokens [(group, request, tokens)], in one batch of appends to
+        the service, then the requests that ended [(group, request)]."""
+        msgs = [DraftAppend.make(g, r, t) for g, r, t in appended if len(t)]
+        append_batch = getattr(self.service, "append_batch", None)
+        if append_batch is not None:
+            if msgs:
+                append_batch(msgs)
+        else:
+            for m in msgs:
+                self.service.append(m.group_id, m.request_id, m.token_ids)
+        for g, r in ended:
+            self.on_finish(g, r)
+
+    def wants_drafts(self, num_seqs: int) -> bool:
+        """Whether the budget would speculate for `num_seqs` decodes (nothing changes): the
+        engine then commits the step in flight before planning, so that drafts can follow
+        its tokens."""
+        return self.budget.plan(num_seqs, relax=False).enabled
+
+    def skip(self, num_seqs: int) -> None:
+        """A decode step planned without drafts (its tokens are still on the device): the
+        budget counts it as a step without speculation."""
+        self.budget.plan(num_seqs)
 
     def propose(self, seqs, limits: list[int]) -> list[Draft] | None:
         """Drafts for the decode batch, or None when the budget turns speculation off.

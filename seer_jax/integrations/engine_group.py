@@ -50,6 +50,9 @@ class GroupResponse:
     # (several with carry-over; else one, this rollout's version)
     weight_versions: list[list[int]] = dataclasses.field(default_factory=list)
     group_id: str = ""  # the group's id across carry-over calls
+    # with SamplingParams.return_routed_experts: per token, per MoE layer, the expert ids routed
+    # at the position that produced it
+    routed_experts: list[list[list[int]]] | None = None
 
 
 def detect_groups(prompts: Sequence[Sequence[int]]) -> list[tuple[int, int]]:
@@ -179,7 +182,7 @@ class EngineGroup:
         return [GroupResponse(index.get(r.group_id, -1), r.sample_index, list(r.prompt_ids),
                               list(r.token_ids), list(r.logprobs), r.finish_reason, version,
                               r.instances[-1] if r.instances else None,
-                              [list(s) for s in r.weight_versions], r.group_id)
+                              [list(s) for s in r.weight_versions], r.group_id, r.routed_experts)
                 for r in out.results]
 
     def _controller_rollout(self, prompts, group_size, sampling, max_tokens, seed, **kw):
@@ -217,7 +220,8 @@ class EngineGroup:
         for rid, (g, s, i) in where.items():
             r = outs[rid]
             result.append(GroupResponse(g, s, list(prompts[g]), list(r.token_ids), list(r.logprobs),
-                                        r.finish_reason, version, i))
+                                        r.finish_reason, version, i,
+                                        routed_experts=r.routed_experts))
         return result
 
     def _via_api(self, prompts, group_sizes, sampling, max_tokens, seed, version):
@@ -233,7 +237,7 @@ class EngineGroup:
         return [GroupResponse(r.group_index, r.sample_index, list(r.prompt_ids), list(r.token_ids),
                               list(r.logprobs), r.finish_reason, version,
                               r.instances[-1] if r.instances else None,
-                              [list(s) for s in r.weight_versions], r.group_id)
+                              [list(s) for s in r.weight_versions], r.group_id, r.routed_experts)
                 for r in out.results]
 
 

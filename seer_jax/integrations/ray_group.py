@@ -95,7 +95,8 @@ class RayEngineGroup:
         self.last_backend = "ray"
         return [GroupResponse(r.group_index, r.sample_index, list(r.prompt_ids), list(r.token_ids),
                               list(r.logprobs), r.finish_reason, version,
-                              r.instances[-1] if r.instances else None)
+                              r.instances[-1] if r.instances else None,
+                              routed_experts=r.routed_experts)
                 for r in out.results if r.sample_index < group_sizes[r.group_index]]
 
     def shutdown(self) -> None:

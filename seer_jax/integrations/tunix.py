@@ -15,6 +15,11 @@ Tunix constructs it as `engine(rollout_actor=, tokenizer=, mesh=, rollout_config
   Llama3/Qwen2/Qwen3 actor is mapped by `tunix_models`, `TunixLlama` is ours already) -> every
   engine slice, device to device (Tunix runs this under a transfer guard that forbids host round
   trips on CPU); with `backend="ray"`, through the object store to the engine actors.
+- Routed experts: with an engine built with `return_routed_experts=True` (a mixture-of-experts
+  policy), `generate` returns a `SeerRolloutOutput` whose `routed_experts[i]` is an int32
+  array [len(tokens[i]) (+1 when the final EOS was dropped), MoE layers, k]: row j holds the
+  experts the router chose at the position that produced generated token j (prompt length - 1
+  + j), so a trainer can replay the rollout's routing (also `last_routed_experts`).
 - `model()`: for `TunixLlama` actors an NNX module holding the weights slice 0 serves; for Tunix
   model classes a shape-only copy of the actor. Either way Tunix's `is_sharing_weights` check sees
   that the rollout does not share the actor's weights, so it syncs.
@@ -50,6 +55,14 @@ from seer_jax.model.config import ModelConfig
 from seer_jax.model.sharding import ShardingRules
 from seer_jax.rollout.backends.ray_cluster import RayBackendConfig
 from seer_jax.rollout.core.types import SamplingParams
+
+
+@dataclasses.dataclass
+class SeerRolloutOutput(base_rollout.RolloutOutput):
+    """Tunix's RolloutOutput plus, with routed experts on, each completion's routing."""
+
+    routed_experts: list[np.ndarray] | None = None
+
 
 # auto/engine/api: engines in this process (see EngineGroup); ray: one Ray actor per slice
 BACKENDS = ("auto", "engine", "api", "ray")
@@ -135,6 +148,8 @@ class SeerRollout(base_rollout.BaseRollout):
         self._recorded_version = -1
         self._last_sampling = SamplingParams(temperature=1.0)
         self.last_responses: list[GroupResponse] = []
+        self.return_routed_experts = engine_config.return_routed_experts
+        self.last_routed_experts: list[np.ndarray] | None = None
 
     # ------------------------------------------------------------------ Tunix interface
     def generate(self, prompts: list[str], rollout_config: base_rollout.RolloutConfig,
@@ -144,7 +159,8 @@ class SeerRollout(base_rollout.BaseRollout):
         sampling = sampling_from_config(rollout_config)
         seed = self._next_seed(rollout_config.seed)
         stop = {int(t) for t in (rollout_config.eos_tokens or [self.eos_id()]) if t is not None}
-        sampling = dataclasses.replace(sampling, stop_token_ids=tuple(sorted(stop)))
+        sampling = dataclasses.replace(sampling, stop_token_ids=tuple(sorted(stop)),
+                                       return_routed_experts=self.return_routed_experts)
         responses = self.group.generate_groups([prompt_ids[s] for s, _ in runs],
                                                [n for _, n in runs], sampling,
                                                rollout_config.max_tokens_to_generate, seed)
@@ -167,12 +183,16 @@ class SeerRollout(base_rollout.BaseRollout):
         padded = np.full((len(prompt_ids), width), self.pad_id(), np.int32)
         for i, p in enumerate(prompt_ids):
             padded[i, width - len(p):] = p
-        return base_rollout.RolloutOutput(
+        self.last_routed_experts = None
+        if self.return_routed_experts:
+            self.last_routed_experts = [np.asarray(r.routed_experts, np.int32) for r in responses]
+        return SeerRolloutOutput(
             text=[self.tokenizer.decode(t.tolist()) for t in tokens],
             logits=None,
             tokens=tokens,
             left_padded_prompt_tokens=padded,
             logprobs=logprobs if rollout_config.return_logprobs else None,
+            routed_experts=self.last_routed_experts,
         )
 
     def generate_partial(self, prompts: list[str], rollout_config: base_rollout.RolloutConfig,
@@ -197,7 +217,8 @@ class SeerRollout(base_rollout.BaseRollout):
             raise ConfigError(f"generate_partial needs groups of one size, got {sorted(sizes)}")
         sampling = sampling_from_config(rollout_config)
         stop = {int(t) for t in (rollout_config.eos_tokens or [self.eos_id()]) if t is not None}
-        sampling = dataclasses.replace(sampling, stop_token_ids=tuple(sorted(stop)))
+        sampling = dataclasses.replace(sampling, stop_token_ids=tuple(sorted(stop)),
+                                       return_routed_experts=self.return_routed_experts)
         responses = self.group.generate_groups_partial(
             [prompt_ids[s] for s, _ in runs], sizes.pop() if sizes else 1, sampling,
             rollout_config.max_tokens_to_generate, target_groups,
@@ -289,6 +310,12 @@ class SeerRollout(base_rollout.BaseRollout):
     @property
     def policy_version(self) -> int:
         return self.group.policy_version
+
+    def set_policy_version(self, version: int) -> None:
+        """Number the served weights `version` (a resumed job: the restored trainer step)."""
+        if version < 0:
+            raise ConfigError(f"policy version {version}: must be >= 0")
+        self.group.policy_version = int(version)
 
     def model(self) -> nnx.Module:
         return self._model

@@ -1,4 +1,4 @@
-"""Tunix's own decoders (`tunix.models.llama3`, `qwen2`, `qwen3`) as rollout actors.
+"""Tunix's own decoders (`tunix.models.llama3`, `qwen2`, `qwen3`, Qwen3 MoE) as rollout actors.
 
 When the actor a Tunix `RLCluster` trains is one of these classes, `SeerRollout` finds its family
 by class (`family_of`), builds our `ModelConfig` from the Tunix model's config
@@ -17,12 +17,23 @@ Tunix's parameter layout (nnx pure dict, per layer under `layers/<i>/`):
 | `mlp/gate_proj/kernel`, `up_proj`, `down_proj` | [d, f], [f, d]  | `w_gate`, `w_up`, `w_down` |
 | `input_layernorm/w`, `post_attention_layernorm/w` | [d]          | `attn_norm`, `mlp_norm`    |
 | `final_norm/w`, `lm_head/w` (untied)    | [d], [d, vocab]        | `final_norm`, `lm_head`    |
+| `mlp/router/kernel` (qwen3 MoE)         | [d, experts]           | `router`                   |
+| `mlp/gate_proj`, `up_proj` (qwen3 MoE)  | [experts, d, f]        | `we_gate`, `we_up`         |
+| `mlp/down_proj` (qwen3 MoE)             | [experts, f, d]        | `we_down`                  |
 
 All three rotate the two halves of each head (HF `rotate_half`), as we do. RoPE base: tunix
 0.1.7's Llama3 and Qwen3 attention call `apply_rope` without the config's `rope_theta`, so they
 rotate with that function's default (1e6) whatever the config says; `applied_rope_theta` reads
 which base the installed module applies, so the rollout samples from the policy the trainer
-actually computes. Qwen3 mixture-of-experts configs are refused.
+actually computes.
+
+Qwen3 mixture of experts (`ModelConfig.num_experts` set, e.g. `qwen3_30b_a3b`): every layer's MLP
+is a `MoELayer` (softmax over the experts, top `num_experts_per_tok`, the weights renormalised to
+sum 1; no shared expert), which is our `Qwen3MoeForCausalLM` with `norm_topk_prob`; the config's
+`hidden_dim` is the experts' intermediate size. Its experts are stored stacked, [experts, ...] per
+layer, as ours are (per-expert modules, as some checkpoints hold them, are stacked here too).
+Tunix computes the router's logits in the model's compute dtype, ours in float32: in float32 the
+two route alike; in bfloat16 a near tie between two experts' scores may route differently.
 """
 
 from __future__ import annotations
@@ -39,6 +50,7 @@ import jax.numpy as jnp
 from seer_jax.errors import ConfigError
 from seer_jax.model.config import ModelConfig
 from seer_jax.model.llama import Params
+from seer_jax.model.moe_config import MoeConfig
 
 log = logging.getLogger(__name__)
 
@@ -120,11 +132,9 @@ def model_config_from_tunix(actor: Any, family: TunixFamily | None = None,
     tc = getattr(actor, "config", None)
     if tc is None:
         raise ConfigError(f"the {family.name} actor has no `config` attribute")
-    if getattr(tc, "num_experts", None):
-        raise ConfigError(f"{family.name} config num_experts={tc.num_experts}: mixture-of-experts "
-                          "models are not supported by the rollout engine")
+    moe = _moe_config(family, tc)
     return ModelConfig(
-        architecture=family.architecture,
+        architecture="Qwen3MoeForCausalLM" if moe is not None else family.architecture,
         vocab_size=int(tc.vocab_size),
         hidden_size=int(tc.embed_dim),
         intermediate_size=int(tc.hidden_dim),
@@ -139,7 +149,25 @@ def model_config_from_tunix(actor: Any, family: TunixFamily | None = None,
         qk_norm=family.qk_norm,
         max_position_embeddings=int(max_len or family.max_len),
         dtype=_compute_dtype(actor, tc),
+        moe=moe,
     )
+
+
+def _moe_config(family: TunixFamily, tc: Any) -> MoeConfig | None:
+    """Our MoeConfig of a Tunix Qwen3 MoE config (None for a dense one)."""
+    experts = getattr(tc, "num_experts", None)
+    if not experts:
+        return None
+    if family.name != "qwen3":
+        raise ConfigError(f"{family.name} config num_experts={experts}: only Tunix's Qwen3 "
+                          "mixture of experts is mapped")
+    k = getattr(tc, "num_experts_per_tok", None)
+    if not k:
+        raise ConfigError(f"qwen3 config num_experts={experts} with num_experts_per_tok={k!r}: "
+                          "a mixture of experts needs both")
+    # tunix's MoELayer: softmax top-k renormalised, no shared expert, every layer routed
+    return MoeConfig(num_experts=int(experts), num_experts_per_tok=int(k),
+                     expert_intermediate_size=int(tc.hidden_dim), norm_topk_prob=True)
 
 
 def _compute_dtype(actor: Any, tc: Any) -> str:
@@ -173,10 +201,16 @@ def map_tunix_params(pure: Mapping[str, Any], family: TunixFamily) -> Params:
             "wk": stack("attn", "k_proj", "w", shape=(d, -1)),
             "wv": stack("attn", "v_proj", "w", shape=(d, -1)),
             "wo": stack("attn", "o_proj", "w", shape=(-1, d)),
-            "w_gate": stack("mlp", "gate_proj", "kernel"),
-            "w_up": stack("mlp", "up_proj", "kernel"),
-            "w_down": stack("mlp", "down_proj", "kernel"),
         }
+        if "router" in per_layer[0]["mlp"]:  # Qwen3 MoE: experts stacked [E, ...] per layer
+            ours["router"] = stack("mlp", "router", "kernel")
+            for ours_name, name in (("we_gate", "gate_proj"), ("we_up", "up_proj"),
+                                    ("we_down", "down_proj")):
+                ours[ours_name] = jnp.stack([_experts(layer["mlp"][name]) for layer in per_layer])
+        else:
+            ours["w_gate"] = stack("mlp", "gate_proj", "kernel")
+            ours["w_up"] = stack("mlp", "up_proj", "kernel")
+            ours["w_down"] = stack("mlp", "down_proj", "kernel")
         if family.qkv_bias:
             for x in "qkv":
                 ours[f"b{x}"] = stack("attn", f"{x}_bias")
@@ -190,3 +224,12 @@ def map_tunix_params(pure: Mapping[str, Any], family: TunixFamily) -> Params:
     except KeyError as e:
         raise ConfigError(f"the {family.name} state has no parameter {e.args[0]!r} where the "
                           f"Tunix {family.class_name} layout has one") from None
+
+
+def _experts(x: Any):
+    """One layer's expert weights [E, ...]: stacked already, or per expert ({"0": kernel, ...}
+    or {"0": {"kernel": ...}}), stacked in expert order."""
+    if not isinstance(x, Mapping):
+        return x
+    per = [x[str(e)] if str(e) in x else x[e] for e in range(len(x))]
+    return jnp.stack([p["kernel"] if isinstance(p, Mapping) else p for p in per])

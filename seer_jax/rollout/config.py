@@ -101,7 +101,10 @@ def default_config() -> ml_collections.ConfigDict:
         max_num_batched_tokens=256, max_prefill_seqs=4,
         impl="auto",  # attention: auto | reference | cpu | tpu | gpu
         layer_weights="auto",  # stacked | per_layer | auto (per_layer on GPUs)
-        overlap=True))  # plan step N+1 while step N runs (EngineConfig.overlap)
+        overlap=True,  # plan step N+1 while step N runs (EngineConfig.overlap)
+        # mixture-of-experts models: every response returns, per token and MoE layer, the expert
+        # ids the router chose (the JSON's "routed_experts"; not with speculation)
+        return_routed_experts=False))
     c.speculation = False  # grouped speculative decoding (one shared group draft service)
     # the draft service of backend "ray" (its shards are Ray actors; every engine actor drafts
     # from a local replica): groups hashed over `shards` actors; a replica pushes its tokens and

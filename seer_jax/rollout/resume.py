@@ -4,7 +4,7 @@ the responses and reports of policies a journal holds finished.
 What the fingerprint covers (a resume under a different value is refused, naming the key): the
 model (its name, dtype and a sha256 of its files' names and bytes), the prompts (source, count, chat template
 and a hash of their token ids), group size, max_tokens, sampling (temperature, top-p, top-k,
-seed, per-request seeds), the policies and speculation. What it leaves out may change between
+seed, per-request seeds), the policies, speculation and whether routed experts are returned. What it leaves out may change between
 the crash and the resume, since it does not change any response: the deployment (backend,
 instances, tp, Ray and KV pool settings), engine memory, chunk size and placement settings, the
 clock and time model.
@@ -57,7 +57,7 @@ def rollout_fingerprint(s: RolloutSettings, prompts: list[list[int]],
                         model_path: str | os.PathLike) -> dict:
     """What a journal of this rollout must match to be resumed (see the module docstring)."""
     tokens = hashlib.sha256(json.dumps(prompts, separators=(",", ":")).encode()).hexdigest()[:32]
-    return {
+    fp = {
         "model": str(s.model.name),
         "model_files": file_identity(model_path),
         "dtype": str(s.model.dtype),
@@ -75,6 +75,9 @@ def rollout_fingerprint(s: RolloutSettings, prompts: list[list[int]],
         "policies": ",".join(s.policies),
         "speculation": bool(s.speculation.enabled),
     }
+    if s.sampling.return_routed_experts:  # the journal must hold every token's routing
+        fp["routed_experts"] = True
+    return fp
 
 
 def restored_output(state: JournalState, policy: str, prompts: list[list[int]], group_size: int,
@@ -97,7 +100,8 @@ def restored_output(state: JournalState, policy: str, prompts: list[list[int]], 
                 finished_at=rec.finished_at, num_chunks=rec.num_chunks, instances=[],
                 migrations=0, preemptions=0, reprefill_tokens=0,
                 text=detokenize(list(rec.token_ids)) if detokenize else None,
-                weight_versions=[list(s) for s in rec.weight_versions]))
+                weight_versions=[list(s) for s in rec.weight_versions],
+                routed_experts=rec.routed_experts))
     return RolloutOutput(results=results, report=report_from_json(pj.report))
 
 

@@ -178,16 +178,19 @@ class RolloutSettings:
         speculation = SpeculationSettings(
             enabled=c.speculation, profile=c.spec_profile, draft_service=draft_sync_config(c),
             fault_kill_draft_service_after_chunks=c.fault_kill_draft_service_after_chunks)
+        engine = _engine_config(c, speculation.enabled)
         return cls(
             model=ModelSettings(name=str(c.model), dtype=str(c.dtype)),
             prompts=PromptSettings.from_config(c),
             group_size=c.group_size, max_tokens=c.max_tokens,
+            # config.engine.return_routed_experts: every response returns its routing
             sampling=SamplingParams(temperature=c.temperature, top_p=c.top_p, top_k=c.top_k,
-                                    seed=c.seed),
+                                    seed=c.seed,
+                                    return_routed_experts=engine.return_routed_experts),
             policies=tuple(policies), baseline=c.baseline,
             controller=ControllerConfig.from_mapping(c.controller.to_dict()),
             policy_options=c.policy.to_dict(), clock=c.clock,
-            engine=_engine_config(c, speculation.enabled),
+            engine=engine,
             backend=BackendSettings(kind=c.backend, num_instances=c.num_instances, tp=c.tp,
                                     ray=ray_backend_config(c), replace_lost=c.ray_replace_lost,
                                     allow_fewer_slices=c.allow_fewer_slices),

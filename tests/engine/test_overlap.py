@@ -8,8 +8,10 @@ import dataclasses
 import numpy as np
 import pytest
 
+from seer_jax.drafting.budget import BudgetConfig, SpeculationBudget
 from seer_jax.engine import model_runner
 from seer_jax.engine.engine import Engine, EngineConfig
+from seer_jax.engine.speculation import Speculator
 from seer_jax.model.config import tiny_config
 from seer_jax.model.generate import generate
 from seer_jax.model.llama import init_params
@@ -271,3 +273,52 @@ def test_no_step_is_dispatched_while_another_thread_compiles(monkeypatch):
     assert b_done.is_set()
     a.run_until_done()
     b.run_until_done()
+
+
+class TwoOnTwoOff(SpeculationBudget):
+    """Speculates in two steps of every four (drafts always pay when on): overlapped engines
+    then run both verify steps and sample steps whose tokens stay on the device."""
+
+    def __init__(self):
+        super().__init__(step_time=lambda b, g: 1.0, config=BudgetConfig(beta_init=0.9))
+        self.steps = 0
+
+    def plan(self, batch_size, relax=True):
+        on = self.steps // 2 % 2 == 0
+        self.steps += relax
+        plan = super().plan(batch_size, relax)
+        return plan if on else dataclasses.replace(plan, total_tokens=0)
+
+
+def test_overlap_with_speculation_gives_the_greedy_tokens_of_one_step_at_a_time(monkeypatch):
+    """Grouped speculation with overlap on: verify steps are committed before the next plan,
+    the steps between them overlap (their tokens read on the device), and every request gets
+    the tokens, logprobs and finish reason it gets one step at a time."""
+    ref = generate(PARAMS, CFG, PROMPTS[:2], 14)
+    stop = SamplingParams(temperature=0.0, stop_token_ids=(ref[1].token_ids[8],))
+    reqs = [(f"{g}/{j}", PROMPTS[g], 14 - 3 * j, stop if (g, j) == (1, 1) else GREEDY, False)
+            for j in range(2) for g in range(2)]
+    outs, batches = {}, []
+    for overlap in (False, True):
+        eng = Engine(CFG, PARAMS, dataclasses.replace(BASE, overlap=overlap, speculation=True),
+                     speculator=Speculator(budget=TwoOnTwoOff()))
+        monkeypatch.setattr(eng.runner, "launch", lambda b, *a, launch=eng.runner.launch, **k:
+                            batches.append(b) or launch(b, *a, **k))
+        group = {rid: rid.split("/")[0] for rid, *_ in reqs}
+        pending, out, step = list(reqs), {}, 0
+        while pending or eng.has_unfinished():
+            while pending:
+                rid, prompt, n, sp, _ = pending.pop(0)
+                eng.add_request(rid, prompt, n, sp, group_id=group[rid])
+            out.update((r.request_id, r) for r in eng.step())
+            step += 1
+        eng.blocks.check()
+        assert eng.spec.accepted > 0
+        outs[overlap] = out
+    assert_same(outs[True], outs[False])
+    for rid, r in outs[True].items():
+        assert r.token_ids == ref[int(rid[0])].token_ids[:len(r.token_ids)], rid
+    assert outs[True]["1/1"].finish_reason == "stop"
+    overlapped = batches[len(batches) // 2:]  # (the second engine's)
+    assert any(b.draft is not None for b in overlapped)
+    assert any(b.token_src is not None for b in overlapped)

@@ -1,6 +1,8 @@
 """Tunix's Llama3 / Qwen2 / Qwen3 classes mapped onto our decoder: same logits (f32, 1e-5 of the
 logit scale), config read from the Tunix model, LoRA adapters merged on sync."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -60,7 +62,7 @@ def test_rope_base_is_the_one_the_tunix_module_applies():
         assert np.abs(off - tunix_logits(model, TOKENS)).max() > 1e-3
 
 
-def test_unknown_class_and_moe_are_config_errors():
+def test_unknown_class_and_incomplete_moe_are_config_errors():
     from flax import nnx
     from tunix.models.qwen3 import model as q3
 
@@ -72,8 +74,45 @@ def test_unknown_class_and_moe_are_config_errors():
     moe = q3.ModelConfig(num_layers=1, vocab_size=32, embed_dim=16, hidden_dim=8, num_heads=2,
                          head_dim=8, num_kv_heads=1, rope_theta=10_000, norm_eps=1e-6,
                          num_experts=4, num_experts_per_tok=2)
-    with pytest.raises(ConfigError, match="num_experts=4"):
-        model_config_from_tunix(q3.Qwen3(moe, rngs=nnx.Rngs(0)))
+    model = q3.Qwen3(moe, rngs=nnx.Rngs(0))
+    model.config = dataclasses.replace(moe, num_experts_per_tok=None)
+    with pytest.raises(ConfigError, match="num_experts=4 with num_experts_per_tok=None"):
+        model_config_from_tunix(model)
+
+
+def test_tunix_qwen3_moe_gives_the_tunix_models_logits():
+    """Tunix's Qwen3 MoE (experts stacked [E, ...] per layer, all layers routed) mapped to our
+    Qwen3MoeForCausalLM: the same logits, and the same with its experts held per expert."""
+    from flax import nnx
+
+    model = tunix_model("qwen3_moe")
+    cfg, params = _ours(model)
+    assert cfg.architecture == "Qwen3MoeForCausalLM" and cfg.qk_norm
+    assert (cfg.moe.num_experts, cfg.moe.num_experts_per_tok, cfg.moe.expert_intermediate_size,
+            cfg.moe.norm_topk_prob) == (8, 2, 32, True)
+    assert params["layers"]["we_gate"].shape == (2, 8, 64, 32)
+    want = tunix_logits(model, TOKENS)
+    got = np.asarray(full_forward(params, cfg, jnp.asarray(TOKENS)))
+    np.testing.assert_allclose(got, want, atol=1e-5 * np.abs(want).max(), rtol=0)
+    # per-expert layout: {"<e>": kernel} under each expert tensor's name
+    pure = nnx.to_pure_dict(nnx.state(model, nnx.Param))
+    for layer in pure["layers"].values():
+        for name in ("gate_proj", "up_proj", "down_proj"):
+            layer["mlp"][name] = {str(e): {"kernel": w} for e, w in enumerate(layer["mlp"][name])}
+    _, per_expert = _ours(model, pure)
+    for k, v in params["layers"].items():
+        np.testing.assert_array_equal(np.asarray(per_expert["layers"][k]), np.asarray(v))
+    # weight sync onto a 2-device slice: whole experts per device (expert parallelism)
+    from jax.sharding import Mesh
+
+    from seer_jax.integrations.weight_sync import params_on, reshard_params
+
+    mesh = Mesh(np.array(jax.devices()[:2]), ("tp",))
+    on_slice = reshard_params(params, mesh, cfg)
+    assert params_on(on_slice, mesh)
+    assert on_slice["layers"]["we_down"].sharding.shard_shape((2, 8, 32, 64)) == (2, 4, 32, 64)
+    for k, v in params["layers"].items():
+        np.testing.assert_array_equal(np.asarray(on_slice["layers"][k]), np.asarray(v))
 
 
 def _lora_model(family="qwen2", alpha=8.0):

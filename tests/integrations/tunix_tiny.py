@@ -1,4 +1,4 @@
-"""Tiny Tunix Llama3 / Qwen2 / Qwen3 models with every parameter random (Tunix initialises MLP
+"""Tiny Tunix Llama3 / Qwen2 / Qwen3 / Qwen3-MoE models with every parameter random (Tunix initialises MLP
 kernels and biases to zero and norms to one, which would hide a mapping mistake)."""
 
 from __future__ import annotations
@@ -19,10 +19,15 @@ def tunix_model(family: str, tied: bool = False, seed: int = 0, rope_theta: int 
     elif family == "qwen2":
         from tunix.models.qwen2 import model as m
         cls, kw = m.Qwen2, {"use_tied_embedding": tied}
-    else:
+    elif family == "qwen3":
         from tunix.models.qwen3 import model as m
         cls, kw = m.Qwen3, {"use_tied_embedding": tied}
-    cfg = m.ModelConfig(num_layers=2, vocab_size=VOCAB, embed_dim=64, hidden_dim=96, num_heads=4,
+    else:  # qwen3_moe: 8 experts, 2 per token, each of intermediate size 32
+        from tunix.models.qwen3 import model as m
+        cls, kw = m.Qwen3, {"use_tied_embedding": tied, "num_experts": 8,
+                            "num_experts_per_tok": 2, "hidden_dim": 32}
+    kw = {"hidden_dim": 96, **kw}
+    cfg = m.ModelConfig(num_layers=2, vocab_size=VOCAB, embed_dim=64, num_heads=4,
                         head_dim=16, num_kv_heads=2, rope_theta=rope_theta, norm_eps=1e-6, **kw)
     model = cls(cfg, rngs=nnx.Rngs(seed))
     randomize(model, seed)
@@ -45,6 +50,8 @@ def randomize(model, seed: int, filter_type=None) -> None:
             x = 1.0 + 0.1 * x
         elif "bias" in name:
             x = 0.1 * x
+        elif "mlp" in name and v.ndim == 3:  # stacked experts [E, fan_in, out]
+            x = x / np.sqrt(v.shape[1])
         else:
             x = x / np.sqrt(v.shape[0] if v.ndim > 1 and "embedding" not in name else 1.0)
         new.append(jnp.asarray(x, v.dtype))

@@ -179,6 +179,7 @@ class EngineInstance:
             kv_bytes_imported=self._imported.pop(out.request_id, 0), kv_bytes_exported=exported,
             reprefill_tokens=self._reprefill.pop(out.request_id, 0),
             first_token_at=self._first_token.pop(out.request_id, self._now),
+            new_routed_experts=out.routed_experts,
         )
 
 

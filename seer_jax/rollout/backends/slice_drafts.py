@@ -95,6 +95,9 @@ class LeaderSpeculator(Speculator):
         super().__init__(service, budget)
         self.build, self.n = build, 0
 
+    def wants_drafts(self, num_seqs: int) -> bool:
+        return True  # every host plans alike: no overlap that hangs on a host's own budget
+
     def propose(self, seqs, limits):
         drafts = super().propose(seqs, limits)
         client = _client()
@@ -111,6 +114,9 @@ class FollowerSpeculator(Speculator):
     def __init__(self, budget, build: int):
         super().__init__(_NoService(), budget)
         self.build, self.n = build, 0
+
+    def wants_drafts(self, num_seqs: int) -> bool:
+        return True  # as the leader: each step is committed before the next is planned
 
     def propose(self, seqs, limits):
         blob = _client().blocking_key_value_get_bytes(f"seer/drafts/{self.build}/{self.n}",

@@ -86,7 +86,8 @@ class CarryOver:
                 records.append(RequestRecord(r.request_id, list(r.output_ids), list(r.logprobs),
                                              [list(s) for s in r.weight_versions],
                                              r.finish_reason if done else None,
-                                             r.finished_at or 0.0, r.num_chunks))
+                                             r.finished_at or 0.0, r.num_chunks,
+                                             list(r.routed_experts)))
                 sampling.append(r.sampling)
                 if not done and r.kv_handle is not None:
                     kv[r.request_id] = (r.kv_handle, weight_version)

@@ -308,7 +308,8 @@ class Controller:
         else:
             if self.journal is not None:
                 self.journal.chunk_end(req.request_id, req.generated, list(map(int, res.new_token_ids)),
-                                       list(map(float, res.new_logprobs)), self.weight_version)
+                                       list(map(float, res.new_logprobs)), self.weight_version,
+                                       res.new_routed_experts)
             req.kv_handle = res.kv_handle
             req.status = "buffer"
             req.group.record_progress(req)
@@ -490,7 +491,9 @@ class Controller:
             self.pool.delete(req.request_id)
         self._record_finished(req)
         if self.journal is not None:
-            self.journal.finished(RequestRecord(req.request_id, list(req.output_ids), list(req.logprobs),
-                                                req.weight_versions, reason, now, req.num_chunks))
+            self.journal.finished(RequestRecord(
+                req.request_id, list(req.output_ids), list(req.logprobs), req.weight_versions,
+                reason, now, req.num_chunks,
+                req.routed_experts if req.sampling.return_routed_experts else None))
         if self.progress is not None:
             self.progress(self.num_done, self.num_requests, self.output_tokens, now)

@@ -107,6 +107,8 @@ class RequestRecord:
     finish_reason: str | None = None
     finished_at: float = 0.0
     num_chunks: int = 0
+    # per token [MoE layer][k] expert ids, when the rollout returns them
+    routed_experts: list[list[list[int]]] | None = None
 
 
 @dataclasses.dataclass
@@ -193,6 +195,8 @@ def _apply(state: JournalState, rec: dict, path: pathlib.Path, lineno: int) -> N
             r = pol.requests[rec["r"]] = RequestRecord(rec["r"], [], [], [])
         r.token_ids.extend(rec["tok"])
         r.logprobs.extend(rec["lp"])
+        if "re" in rec:
+            r.routed_experts = (r.routed_experts or []) + list(rec["re"])
         add_segment(r.weight_versions, rec["v"], len(rec["tok"]))
         r.num_chunks += 1
         if len(r.token_ids) != rec["n"] or r.finish_reason is not None:
@@ -202,7 +206,7 @@ def _apply(state: JournalState, rec: dict, path: pathlib.Path, lineno: int) -> N
     elif kind == "f":
         pol.requests[rec["r"]] = RequestRecord(rec["r"], list(rec["tok"]), list(rec["lp"]),
                                                [list(s) for s in rec["wv"]], rec["fr"],
-                                               float(rec["at"]), int(rec["ch"]))
+                                               float(rec["at"]), int(rec["ch"]), rec.get("re"))
     elif kind == "p":
         pol.report = rec["report"]
     else:
@@ -276,14 +280,20 @@ class JournalWriter:
         return self
 
     def chunk_end(self, request_id: str, total: int, tokens: list[int], logprobs: list[float],
-                  version: int) -> None:
-        self._write({"t": "c", "p": self.policy, "r": request_id, "n": total, "tok": tokens,
-                     "lp": logprobs, "v": version})
+                  version: int, routed_experts: list | None = None) -> None:
+        rec = {"t": "c", "p": self.policy, "r": request_id, "n": total, "tok": tokens,
+               "lp": logprobs, "v": version}
+        if routed_experts is not None:
+            rec["re"] = routed_experts
+        self._write(rec)
 
     def finished(self, rec: RequestRecord) -> None:
-        self._write({"t": "f", "p": self.policy, "r": rec.request_id, "tok": rec.token_ids,
-                     "lp": rec.logprobs, "fr": rec.finish_reason, "wv": rec.weight_versions,
-                     "at": rec.finished_at, "ch": rec.num_chunks})
+        out = {"t": "f", "p": self.policy, "r": rec.request_id, "tok": rec.token_ids,
+               "lp": rec.logprobs, "fr": rec.finish_reason, "wv": rec.weight_versions,
+               "at": rec.finished_at, "ch": rec.num_chunks}
+        if rec.routed_experts is not None:
+            out["re"] = rec.routed_experts
+        self._write(out)
 
     def policy_done(self, report: Mapping[str, Any]) -> None:
         self._write({"t": "p", "p": self.policy, "report": report})

@@ -58,6 +58,8 @@ def account_chunk(req: RequestState, stats: ControllerStats, res: ChunkResult,
     """Add an ended chunk's tokens, logprobs and counters to its request and to the stats."""
     req.output_ids.extend(map(int, res.new_token_ids))
     req.logprobs.extend(map(float, res.new_logprobs))
+    if res.new_routed_experts is not None:
+        req.routed_experts.extend(res.new_routed_experts)
     add_segment(req.weight_versions, weight_version, len(res.new_token_ids))
     req.num_chunks += 1
     req.preemptions += res.preemptions
@@ -87,8 +89,14 @@ def restore_tokens(req: RequestState, rec: RequestRecord, sampling: SamplingPara
         raise InputError(f"restore: {rec.request_id!r} has {n} tokens, {len(rec.logprobs)} "
                          f"logprobs, weight-version segments {rec.weight_versions} "
                          f"(max_tokens {req.max_tokens})")
+    routed = len(rec.routed_experts or [])
+    if (sampling or req.sampling).return_routed_experts and routed != n:
+        raise InputError(f"restore: {rec.request_id!r} has {n} tokens but the routed experts of "
+                         f"{routed}; the rollout returns routed experts, so every restored "
+                         "token needs them (was the journal written without them?)")
     req.output_ids = [int(t) for t in rec.token_ids]
     req.logprobs = [float(x) for x in rec.logprobs]
+    req.routed_experts = list(rec.routed_experts or [])
     req.weight_versions = [list(s) for s in rec.weight_versions]
     req.num_chunks = rec.num_chunks
     if sampling is not None:
@@ -119,4 +127,6 @@ def response_result(r: RequestState,
         reprefill_tokens=r.reprefill_tokens,
         text=detokenize(list(r.output_ids)) if detokenize else None,
         weight_versions=[list(s) for s in r.weight_versions],
+        routed_experts=([list(x) for x in r.routed_experts]
+                        if r.sampling.return_routed_experts else None),
     )

@@ -36,6 +36,9 @@ class ResponseResult:
     # [weight version, tokens] segments in token order: the policy weights each run of tokens
     # was generated under (several versions when the request was carried over a weight sync)
     weight_versions: list[list[int]] = dataclasses.field(default_factory=list)
+    # with SamplingParams.return_routed_experts: per token, per MoE layer, the expert ids routed
+    # at the position that produced it (chunks concatenated in order), else None
+    routed_experts: list[list[list[int]]] | None = None
 
     @property
     def latency_s(self) -> float:
@@ -71,7 +74,7 @@ class JournalSink(Protocol):
     """Where the controller records progress as it happens (`journal.JournalWriter`)."""
 
     def chunk_end(self, request_id: str, total: int, tokens: list[int], logprobs: list[float],
-                  version: int) -> None:
+                  version: int, routed_experts: list | None = None) -> None:
         """A chunk ended unfinished: the request has `total` tokens, `tokens` the chunk's."""
 
     def finished(self, rec: RequestRecord) -> None:

@@ -60,6 +60,9 @@ class ChunkResult:
     kv_bytes_exported: int = 0
     reprefill_tokens: int = 0
     first_token_at: float | None = None  # when this chunk's first token was produced, if known
+    # with SamplingParams.return_routed_experts: per new token, per MoE layer, the expert ids
+    # routed at the position that produced it
+    new_routed_experts: list[list[list[int]]] | None = None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -78,6 +78,8 @@ class RequestState:
     is_probe: bool = False
     output_ids: list[int] = dataclasses.field(default_factory=list)
     logprobs: list[float] = dataclasses.field(default_factory=list)
+    # per token [MoE layer][k] expert ids, with SamplingParams.return_routed_experts
+    routed_experts: list[list[list[int]]] = dataclasses.field(default_factory=list)
     # the weight version each run of its tokens was generated under: [version, tokens] segments
     weight_versions: list[list[int]] = dataclasses.field(default_factory=list)
     finish_reason: FinishReason | None = None
