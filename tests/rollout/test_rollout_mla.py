@@ -26,7 +26,7 @@ PARAMS = init_params(CFG, seed=11)
 GROUPS = [np.random.RandomState(0).randint(8, 256, n).tolist() for n in (5, 19, 11, 3)]
 
 
-@pytest.mark.exhaustive  # ~150 s on 2 cores (verify steps compiled for many tree shapes)
+@pytest.mark.exhaustive  # 30-150 s on 2 cores (verify steps compiled for many tree shapes)
 def test_divided_rollout_with_speculation_token_identical():
     from seer_jax.drafting.budget import BudgetConfig, SpeculationBudget
     from seer_jax.drafting.service import InProcessDraftService
