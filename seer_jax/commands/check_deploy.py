@@ -53,7 +53,8 @@ def run(args: argparse.Namespace) -> int:
         return 0
     print(f"{c.name}: valid; {summary['num_instances']} instances x tp{summary['tp']}, per device "
           f"{summary['weight_gib_per_device']:.2f} GiB weights + "
-          f"{summary['kv_gib_per_device']:.2f} GiB KV")
+          f"{summary['kv_gib_per_device']:.2f} GiB KV"
+          + (" (latent rows, not split over tp)" if summary["kv_layout"] == "latent" else ""))
     for s in steps:
         print(f"  {s.kind:7s} impl={s.impl:9s} on {s.chip}: peak {s.peak_bytes / 2**30:6.2f} GiB "
               f"(arguments {s.argument_bytes / 2**30:.2f}, temporaries {s.temp_bytes / 2**30:.2f}) "

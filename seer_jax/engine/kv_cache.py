@@ -24,7 +24,9 @@ class KVBlob:
 
     prompt_ids: list[int]
     output_ids: list[int]
-    k: np.ndarray  # [num_layers, num_kv_heads, num_computed, head_dim]
+    # [num_layers, num_kv_heads, num_computed, head_dim]; with multi-head latent attention k
+    # holds the latent rows [num_layers, 1, num_computed, kv_lora_rank + rope dim], v is empty
+    k: np.ndarray
     v: np.ndarray
 
     @property

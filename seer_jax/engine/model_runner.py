@@ -13,7 +13,9 @@ V interleaved per KV head (`seer_jax.pallas.kv_layout`), carried through the lay
 to every step, so updates happen in place. Its device layout is pinned row-major (an explicit
 `Format` on the allocation and on every jit that takes or returns it): left to choose, XLA on TPU
 may give the cache a layout the kernels cannot read (e.g. page axis innermost) and then copy the
-whole cache in and out of every step.
+whole cache in and out of every step. A model with multi-head latent attention (`cfg.mla`) has
+the latent cache [num_layers, num_pages, page_size, kv_lora_rank + qk_rope_head_dim] instead
+(`seer_jax.pallas.mla_layout`, attended by `mla_backend`), replicated over tp.
 
 A mesh may span several processes under `jax.distributed` (a slice over several hosts). Every
 process of the slice then runs the same calls in the same order (SPMD); host inputs go to the
@@ -47,6 +49,12 @@ from seer_jax.engine.attention_backend import (
 )
 from seer_jax.engine.batch import Layout, StepBatch, bucket, uses_cpu_decode
 from seer_jax.engine.cpu_attention import gather_pages, paged_decode_attention
+from seer_jax.engine.mla_backend import (
+    check_mla_kernel_shapes,
+    latent_rows_to_host,
+    latent_rows_to_pages,
+    paged_mla_attention,
+)
 from seer_jax.engine.scatter_check import check_unique
 from seer_jax.model.config import ModelConfig
 from seer_jax.model.llama import (
@@ -57,11 +65,13 @@ from seer_jax.model.llama import (
     split_layers,
     stack_layers,
 )
+from seer_jax.model.mla import softmax_scale
 from seer_jax.model.sampling import request_keys, sample_tokens, top_logprobs
 from seer_jax.model.sampling_acceptance import accept_draft_tree
 from seer_jax.model.sharding import ShardingRules, shard_params
 from seer_jax.pallas import ragged_paged_attention, write_kv_reference
 from seer_jax.pallas.kv_layout import interleave_kv, kv_cache_shape, split_kv
+from seer_jax.pallas.mla_layout import latent_cache_shape
 
 TRACE_COUNTS: dict[str, int] = {"step": 0}
 # compiled steps by (function, static args, shapes, sharding), least recently used first; bounded
@@ -179,11 +189,19 @@ def _paged_attention(cache, meta, layer, q, k, v, *, layout: Layout, plan: Atten
     return out, kv_all
 
 
+def _step_attention(cfg: ModelConfig, layout: Layout, plan: AttentionPlan):
+    """The step's attention backend: K/V pages, or latent rows for MLA."""
+    if cfg.mla is not None:
+        return functools.partial(paged_mla_attention, layout=layout, plan=plan,
+                                 sm_scale=softmax_scale(cfg))
+    return functools.partial(_paged_attention, layout=layout, plan=plan)
+
+
 def _sample_step(params, kv_all, batch, *, cfg, layout, plan, num_top, unroll=1, routed=False):
     """routed: the MoE routers' expert ids of every sampled row follow the outputs
     ([rows, num_moe_layers, experts per token])."""
     TRACE_COUNTS["step"] += 1
-    attention = functools.partial(_paged_attention, layout=layout, plan=plan)
+    attention = _step_attention(cfg, layout, plan)
     logits, kv_all, *routing = forward(
         params, cfg, batch["tokens"], batch["positions"], kv_all, batch, attention,
         logits_index=batch["logits_index"], unroll=unroll, expert_mesh=plan.expert_mesh,
@@ -204,7 +222,7 @@ def _verify_step(params, kv_all, batch, *, cfg, layout, plan, unroll=1, routed=F
     accepted or rejected losslessly. Prefill rows are sampled as usual. routed: the routers'
     expert ids of every row (each decode-region token, each prefill row) follow the outputs."""
     TRACE_COUNTS["step"] += 1
-    attention = functools.partial(_paged_attention, layout=layout, plan=plan)
+    attention = _step_attention(cfg, layout, plan)
     logits, kv_all, *routing = forward(
         params, cfg, batch["tokens"], batch["positions"], kv_all, batch, attention,
         logits_index=batch["logits_index"], unroll=unroll, expert_mesh=plan.expert_mesh,
@@ -290,9 +308,10 @@ STEP_STATIC = {_sample_step: ("cfg", "layout", "plan", "num_top"),
 STEP_OPTIONAL = ("unroll", "routed")
 
 
-def cache_format(sharding) -> Format:
-    """The cache's pinned device format: row-major [L, P, S, C, D] with `sharding`."""
-    return Format(DeviceLayout(major_to_minor=(0, 1, 2, 3, 4)), sharding)
+def cache_format(sharding, ndim: int = 5) -> Format:
+    """The cache's pinned device format: row-major [L, P, S, C, D] (or the latent [L, P, S, W])
+    with `sharding`."""
+    return Format(DeviceLayout(major_to_minor=tuple(range(ndim))), sharding)
 
 
 def step_jit(fn, kv_format: Format, params, replicated, **static):
@@ -311,9 +330,9 @@ def step_jit(fn, kv_format: Format, params, replicated, **static):
 
 def _move_slots(kv_all, src, dst):
     """dst past the end: padding, dropped."""
-    L, P, S, C, D = kv_all.shape
-    flat = kv_all.reshape(L, P * S, C, D)
-    return flat.at[:, dst].set(flat[:, src], mode="drop").reshape(L, P, S, C, D)
+    L, P, S, *row = kv_all.shape
+    flat = kv_all.reshape(L, P * S, *row)
+    return flat.at[:, dst].set(flat[:, src], mode="drop").reshape(kv_all.shape)
 
 
 def _copy_pages(kv_all, src, dst):
@@ -335,15 +354,20 @@ def _set_entries(table, idx, values):
 
 def cache_shape(cfg: ModelConfig, plan: AttentionPlan, num_pages: int,
                 page_size: int) -> tuple[int, ...]:
-    """Shape of the KV cache: [L, P, S, 2 * Hkv * kv_repeat, D]."""
+    """Shape of the KV cache: [L, P, S, 2 * Hkv * kv_repeat, D] (MLA: [L, P, S, latent + rope])."""
+    if cfg.mla is not None:
+        return latent_cache_shape(cfg.num_layers, num_pages, page_size, cfg.mla.kv_lora_rank,
+                                  cfg.mla.qk_rope_head_dim)
     return kv_cache_shape(cfg.num_layers, num_pages, page_size,
                           cfg.num_kv_heads * plan.kv_repeat, cfg.head_dim)
 
 
 def cache_sharding(mesh: Mesh, shape: tuple[int, ...]) -> NamedSharding:
     """The cache's sharding on a mesh: KV heads (the interleaved K/V axis, whole heads per
-    shard) over tp where they divide, else replicated."""
+    shard) over tp where they divide, else replicated (the MLA latent cache always)."""
     tp = mesh.shape.get("tp", 1)
+    if len(shape) == 4:
+        return NamedSharding(mesh, PartitionSpec())
     return NamedSharding(mesh, PartitionSpec(None, None, None,
                                              "tp" if shape[3] // 2 % tp == 0 else None))
 
@@ -379,7 +403,13 @@ class ModelRunner:
         self.plan = make_plan(cfg, attention_impl, mesh)
         self.impl = self.plan.impl  # resolved: reference | cpu | tpu | gpu
         dtype = jnp_dtype(cfg)
-        if max_seqs:
+        if max_seqs and cfg.mla is not None:
+            check_mla_kernel_shapes(self.plan, num_heads=cfg.num_heads,
+                                    kv_lora_rank=cfg.mla.kv_lora_rank,
+                                    rope_dim=cfg.mla.qk_rope_head_dim, page_size=page_size,
+                                    dtype_bytes=jnp.dtype(dtype).itemsize, max_seqs=max_seqs,
+                                    pages_per_seq=pages_per_seq, max_tokens=max_tokens)
+        elif max_seqs:
             check_kernel_shapes(self.plan, cfg, page_size=page_size,
                                 dtype_bytes=jnp.dtype(dtype).itemsize, max_seqs=max_seqs,
                                 pages_per_seq=pages_per_seq, max_tokens=max_tokens)
@@ -394,7 +424,7 @@ class ModelRunner:
             sharding = cache_sharding(mesh, shape)
         else:
             sharding = SingleDeviceSharding(jax.devices()[0])
-        self.kv_format = cache_format(sharding)
+        self.kv_format = cache_format(sharding, len(shape))
         self._batch_sharding = (NamedSharding(mesh, PartitionSpec()) if mesh is not None
                                 else sharding)
         fmt, rep = self.kv_format, self._batch_sharding
@@ -587,6 +617,8 @@ class ModelRunner:
     def read_kv(self, pages: list[int], num_tokens: int) -> tuple[np.ndarray, np.ndarray]:
         """Host copies [num_layers, num_kv_heads, num_tokens, head_dim] of a page table's tokens."""
         kv = to_host(self._read_pages(self.kv_all, self.device_input(pages, jnp.int32)))
+        if self.cfg.mla is not None:  # latent rows as k [L, 1, n, W], an empty v
+            return latent_rows_to_host(kv, num_tokens)
         L, P, S, C, D = kv.shape
         k, v = split_kv(kv.reshape(L, P * S, C, D)[:, :num_tokens])  # [L, n, Hkv_cache, D]
         k = np.ascontiguousarray(k[:, :, :: self.kv_repeat].transpose(0, 2, 1, 3))
@@ -595,11 +627,16 @@ class ModelRunner:
 
     def write_kv(self, pages: list[int], k: np.ndarray, v: np.ndarray) -> None:
         """Inverse of `read_kv` (k, v: [num_layers, num_kv_heads, n, head_dim])."""
+        check_unique("imported KV pages", pages)
+        if self.cfg.mla is not None:
+            kv = latent_rows_to_pages(k, len(pages), self.page_size)
+            self.kv_all = self._write_pages(self.kv_all, self.device_input(pages, jnp.int32),
+                                            self.device_input(kv, self.kv_all.dtype))
+            return
         if self.kv_repeat > 1:
             k, v = np.repeat(k, self.kv_repeat, axis=1), np.repeat(v, self.kv_repeat, axis=1)
         L, H, n, D = k.shape
         S = self.page_size
-        check_unique("imported KV pages", pages)
         pad = len(pages) * S - n
         kv = interleave_kv(k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3))  # [L, n, 2H, D]
         kv = np.pad(kv, ((0, 0), (0, pad), (0, 0), (0, 0))).reshape(L, len(pages), S, 2 * H, D)

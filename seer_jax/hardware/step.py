@@ -163,7 +163,7 @@ def lower_step(cfg: ModelConfig, target: str, tp: int, lim: StepLimits, kind: st
     plan = make_plan(cfg, impl, mesh)
     layout = step_layout(kind, lim)
     shape = cache_shape(cfg, plan, lim.num_pages, lim.page_size)
-    fmt = cache_format(cache_sharding(mesh, shape))
+    fmt = cache_format(cache_sharding(mesh, shape), len(shape))
     cache = jax.ShapeDtypeStruct(shape, jnp_dtype(cfg), sharding=fmt)
     replicated = NamedSharding(mesh, PartitionSpec())
     batch = {k: jax.ShapeDtypeStruct(np.shape(v), np.asarray(v).dtype, sharding=replicated)

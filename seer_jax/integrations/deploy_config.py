@@ -172,7 +172,8 @@ def validate_config(c: ml_collections.ConfigDict, num_devices: int | None = None
     per_device = weight_bytes_per_device(cfg, tp)
     kv_gib = (eng.num_pages * eng.page_size * cfg.kv_bytes_per_token() / 2**30 if eng.num_pages
               else eng.kv_memory_gib)
-    kv_per_device = kv_gib / (tp if cfg.num_kv_heads % tp == 0 else 1)
+    # K/V heads split over tp; MLA's latent rows are shared by every head, each device holds them all
+    kv_per_device = kv_gib / (tp if cfg.mla is None and cfg.num_kv_heads % tp == 0 else 1)
     hbm = float(mesh.hbm_gib_per_device)
     chip = mesh.get("chip", "")
     if chip:
@@ -200,6 +201,7 @@ def validate_config(c: ml_collections.ConfigDict, num_devices: int | None = None
     return {
         "devices": devices, "num_instances": n, "tp": tp,
         "weight_gib_per_device": per_device / 2**30, "kv_gib_per_device": kv_per_device,
+        "kv_layout": "latent" if cfg.mla is not None else "k/v",
         "kv_tokens_per_instance": int(kv_gib * 2**30 // cfg.kv_bytes_per_token()),
         "responses_per_step": t.batch_size * s.group_size,
         "backend": c.backend.kind, "ray_bundles": backend,

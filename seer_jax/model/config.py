@@ -1,18 +1,23 @@
-"""Static model configuration for the Llama family (Llama 2/3, Qwen2, Qwen3, SmolLM2) and its
-mixture-of-experts variants (Qwen3-MoE, Qwen2-MoE, Mixtral; the DeepSeek-V3 MoE block)."""
+"""Static model configuration for the Llama family (Llama 2/3, Qwen2, Qwen3, SmolLM2), its
+mixture-of-experts variants (Qwen3-MoE, Qwen2-MoE, Mixtral) and the DeepSeek-V3 family
+(DeepSeek-V3/R1, Kimi-K2, Moonlight: multi-head latent attention and the DeepSeek MoE block)."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
 import pathlib
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from seer_jax.errors import ConfigError, SeerError
-from seer_jax.model.moe_config import MoeConfig, moe_config_from_hf, refuse_unsupported_moe
-
-if TYPE_CHECKING:  # a field's type only (annotations are not evaluated)
-    from seer_jax.model.mla_config import MlaConfig
+from seer_jax.model.mla_config import MlaConfig, YarnScaling, mla_config_from_hf
+from seer_jax.model.moe_config import (
+    MoeConfig,
+    deepseek_v2_moe_config,
+    deepseek_v3_moe_config,
+    moe_config_from_hf,
+    refuse_unsupported_moe,
+)
 
 # architecture name -> (q/k/v bias, q/k RMSNorm)
 ARCHITECTURES: dict[str, tuple[bool, bool]] = {
@@ -23,8 +28,12 @@ ARCHITECTURES: dict[str, tuple[bool, bool]] = {
     "MixtralForCausalLM": (False, False),
     "Qwen2MoeForCausalLM": (True, False),
     "Qwen3MoeForCausalLM": (False, True),
+    "DeepseekV2ForCausalLM": (False, False),
+    "DeepseekV3ForCausalLM": (False, False),
 }
 MOE_ARCHITECTURES = ("MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM")
+# multi-head latent attention and the DeepSeek MoE block
+MLA_ARCHITECTURES = ("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM")
 _MODEL_TYPES = {
     "llama": "LlamaForCausalLM",
     "mistral": "MistralForCausalLM",
@@ -33,6 +42,9 @@ _MODEL_TYPES = {
     "mixtral": "MixtralForCausalLM",
     "qwen2_moe": "Qwen2MoeForCausalLM",
     "qwen3_moe": "Qwen3MoeForCausalLM",
+    "deepseek_v2": "DeepseekV2ForCausalLM",
+    "deepseek_v3": "DeepseekV3ForCausalLM",
+    "kimi_k2": "DeepseekV3ForCausalLM",
 }
 DTYPES = ("float32", "bfloat16")
 
@@ -93,6 +105,10 @@ class ModelConfig:
             )
         if self.mla is not None:
             self.mla.validate()
+            if self.num_kv_heads != self.num_heads:
+                raise ConfigError(f"model config num_kv_heads={self.num_kv_heads}: latent "
+                                  f"attention has one key/value per query head "
+                                  f"(num_heads={self.num_heads})")
         if self.dtype not in DTYPES:
             raise ConfigError(f"model config dtype={self.dtype!r}: allowed {DTYPES}")
         if self.rope_theta <= 0:
@@ -139,8 +155,8 @@ class ModelConfig:
             head_dim = kv_elems = self.mla.cache_width
         else:
             head_dim, kv_elems = self.head_dim, 2 * self.num_kv_heads * self.head_dim
-        return ModelSpec(name, n, float(self.num_params(active=True)), n - routed, self.num_layers,
-                         self.num_heads, head_dim, kv_elems,
+        return ModelSpec(name, n, float(self.num_params(active=True)), n - routed,
+                         self.num_layers, self.num_heads, head_dim, kv_elems,
                          itemsize, itemsize)
 
     def kv_bytes_per_token(self) -> int:
@@ -153,7 +169,14 @@ class ModelConfig:
     def num_params(self, active: bool = False) -> int:
         """All parameters, or (`active`) those one token uses (its routed experts only)."""
         d, f, L = self.hidden_size, self.intermediate_size, self.num_layers
-        per_layer = d * (self.q_size + 2 * self.kv_size) + self.q_size * d + 2 * d
+        if self.mla is not None:
+            m, H = self.mla, self.num_heads
+            q = (d * H * m.qk_head_dim if m.q_lora_rank is None
+                 else m.q_lora_rank * (d + 1 + H * m.qk_head_dim))
+            per_layer = (q + d * m.cache_width + m.kv_lora_rank * (1 + H * (m.qk_nope_head_dim
+                         + m.v_head_dim)) + H * m.v_head_dim * d + 2 * d)
+        else:
+            per_layer = d * (self.q_size + 2 * self.kv_size) + self.q_size * d + 2 * d
         num_moe = self.num_moe_layers
         mlp = (L - num_moe) * 3 * d * f
         if self.moe is not None:
@@ -197,10 +220,24 @@ class ModelConfig:
                 high_freq_factor=float(scaling_src["high_freq_factor"]),
                 original_max_position_embeddings=int(scaling_src["original_max_position_embeddings"]),
             )
-        elif rope_type not in ("default", None):
+        elif rope_type not in ("default", None) and arch not in MLA_ARCHITECTURES:
             raise ConfigError(f"config.json rope type {rope_type!r}: only 'default' and 'llama3' are supported")
         num_heads = int(hf["num_attention_heads"])
         head_dim = hf.get("head_dim") or int(hf["hidden_size"]) // num_heads
+        mla = moe = None
+        num_kv_heads = int(hf.get("num_key_value_heads") or num_heads)
+        if arch in MLA_ARCHITECTURES:
+            if arch == "DeepseekV2ForCausalLM":
+                # V2's router is softmax top-k; it rotates interleaved pairs (as complex numbers)
+                moe = deepseek_v2_moe_config(hf)
+                mla = dataclasses.replace(mla_config_from_hf(hf), rope_interleave=True)
+            else:
+                moe = deepseek_v3_moe_config(hf)
+                mla = mla_config_from_hf(hf)
+            # one latent per token serves every head; head_dim is a head's query/key width
+            head_dim, num_kv_heads = mla.qk_head_dim, num_heads
+        elif arch in MOE_ARCHITECTURES:
+            moe = moe_config_from_hf(arch, hf)
         eos = hf.get("eos_token_id")
         eos_ids = tuple(eos) if isinstance(eos, (list, tuple)) else (() if eos is None else (int(eos),))
         return cls(
@@ -210,7 +247,7 @@ class ModelConfig:
             intermediate_size=int(hf["intermediate_size"]),
             num_layers=int(hf["num_hidden_layers"]),
             num_heads=num_heads,
-            num_kv_heads=int(hf.get("num_key_value_heads") or num_heads),
+            num_kv_heads=num_kv_heads,
             head_dim=int(head_dim),
             rope_theta=rope_theta,
             rope_scaling=scaling,
@@ -222,7 +259,8 @@ class ModelConfig:
             bos_token_id=hf.get("bos_token_id"),
             eos_token_ids=eos_ids,
             dtype=dtype,
-            moe=moe_config_from_hf(arch, hf) if arch in MOE_ARCHITECTURES else None,
+            mla=mla,
+            moe=moe,
         )
 
     @classmethod
@@ -246,3 +284,20 @@ def tiny_config(**overrides: Any) -> ModelConfig:
     )
     base.update(overrides)
     return ModelConfig(**base)
+
+
+def tiny_deepseek_config(**overrides: Any) -> ModelConfig:
+    """A small DeepSeek-V3-shaped config for unit tests: latent attention with a query LoRA and
+    YaRN, a dense first layer, then sigmoid group-limited routing over 8 experts with a shared
+    expert."""
+    base: dict[str, Any] = dict(
+        architecture="DeepseekV3ForCausalLM", num_layers=3, num_heads=4, num_kv_heads=4,
+        head_dim=24,
+        mla=MlaConfig(kv_lora_rank=32, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16,
+                      q_lora_rank=24, yarn=YarnScaling(4.0, 128, mscale=1.0, mscale_all_dim=1.0)),
+        moe=MoeConfig(num_experts=8, num_experts_per_tok=2, expert_intermediate_size=32,
+                      scoring="sigmoid", norm_topk_prob=True, routed_scaling_factor=2.5,
+                      score_correction_bias=True, n_group=2, topk_group=1,
+                      shared_intermediate_size=32, dense_layers=(0,)))
+    base.update(overrides)
+    return tiny_config(**base)

@@ -17,7 +17,7 @@ import numpy as np
 
 from seer_jax.errors import InputError
 from seer_jax.model.config import ModelConfig
-from seer_jax.model.dense_cache import dense_attention, init_dense_cache
+from seer_jax.model.dense_cache import attention_for, init_dense_cache
 from seer_jax.model.llama import Params, forward
 from seer_jax.model.sampling import request_keys, sample_tokens
 from seer_jax.model.sampling_params import SamplingParams
@@ -50,7 +50,7 @@ def _full_forward(params, cfg, tokens_bt, routing=False):
     positions = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
     cache = init_dense_cache(cfg, B, T)
     logits, _, ids = forward(params, cfg, tokens_bt.reshape(-1), positions.reshape(-1), cache,
-                             positions, dense_attention, return_routing=True)
+                             positions, attention_for(cfg), return_routing=True)
     if routing:
         return ids.reshape(ids.shape[0], B, T, -1).transpose(1, 2, 0, 3)
     return logits.reshape(B, T, -1)
@@ -64,14 +64,15 @@ def _generate(params, cfg, tokens_bt, lens_b, seeds_b, temperature_b, top_p_b, t
     cache = init_dense_cache(cfg, B, T + max_new_tokens)
     last = jnp.arange(B) * T + lens_b - 1
     logits, cache = forward(params, cfg, tokens_bt.reshape(-1), positions.reshape(-1), cache,
-                            positions, dense_attention, logits_index=last)
+                            positions, attention_for(cfg), logits_index=last)
     keys = request_keys(seeds_b, jnp.zeros_like(lens_b))
     tok, lp = sample_tokens(logits, keys, temperature_b, top_p_b, top_k_b)
 
     def step(carry, t):
         cache, tok = carry
         pos = (lens_b + t)[:, None]
-        logits, cache = forward(params, cfg, tok, pos.reshape(-1), cache, pos, dense_attention)
+        logits, cache = forward(params, cfg, tok, pos.reshape(-1), cache, pos,
+                                attention_for(cfg))
         keys = request_keys(seeds_b, jnp.full_like(lens_b, t + 1))
         new_tok, new_lp = sample_tokens(logits, keys, temperature_b, top_p_b, top_k_b)
         return (cache, new_tok), (new_tok, new_lp)

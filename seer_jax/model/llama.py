@@ -13,7 +13,10 @@ the dense reference generator (`seer_jax.model.dense_cache`) and the paged engin
 
 Token layout: a flat list of N tokens (`tokens_n`, `positions_n`). An attention backend is a
 static callable `attention(cache, attn_meta, layer, q_nhd, k_nkd, v_nkd) -> (out_nhd, cache)` that
-stores the new K/V in its cache and attends.
+stores the new K/V in its cache and attends. With multi-head latent attention (`cfg.mla`,
+`seer_jax.model.mla`) it is `attention(cache, attn_meta, layer, q_latent [N, H, r], q_rope
+[N, H, dr], c_kv [N, r], k_rope [N, dr]) -> (out_latent [N, H, r], cache)`: it stores the tokens'
+latent rows and attends in the absorbed form (one latent key/value shared by all heads).
 
 Mixture-of-experts models (`cfg.moe`) replace a layer's dense MLP (w_gate/w_up/w_down) by the MoE
 MLP of `seer_jax.model.moe` (router, experts, shared experts). A key's stacked leading axis counts
@@ -34,6 +37,7 @@ import numpy as np
 from flax import nnx
 
 from seer_jax.errors import ConfigError
+from seer_jax.model import mla
 from seer_jax.model.config import ModelConfig
 from seer_jax.model.moe import MOE_AXES, MOE_KEYS, moe_mlp, moe_shapes
 
@@ -60,6 +64,13 @@ LOGICAL_AXES: dict[str, tuple[str | None, ...]] = {
     "layers/w_up": ("layers", "embed", "mlp"),
     "layers/w_down": ("layers", "mlp", "embed"),
     **{f"layers/{k}": ("layers", *axes) for k, axes in MOE_AXES.items()},
+    # multi-head latent attention (wq and wo as above)
+    "layers/wq_a": ("layers", "embed", None),
+    "layers/q_a_norm": ("layers", None),
+    "layers/wq_b": ("layers", None, "q_heads"),
+    "layers/wkv_a": ("layers", "embed", None),
+    "layers/kv_a_norm": ("layers", None),
+    "layers/wkv_b": ("layers", None, "q_heads"),
 }
 DENSE_MLP_KEYS = frozenset({"w_gate", "w_up", "w_down"})
 
@@ -77,11 +88,12 @@ def param_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
         "final_norm": (d,),
         "layers/attn_norm": (L, d),
         "layers/mlp_norm": (L, d),
-        "layers/wq": (L, d, cfg.q_size),
-        "layers/wk": (L, d, cfg.kv_size),
-        "layers/wv": (L, d, cfg.kv_size),
-        "layers/wo": (L, cfg.q_size, d),
     }
+    if cfg.mla is not None:
+        shapes.update({f"layers/{k}": (L, *shape) for k, shape in mla.layer_param_shapes(cfg).items()})
+    else:
+        shapes.update({"layers/wq": (L, d, cfg.q_size), "layers/wk": (L, d, cfg.kv_size),
+                       "layers/wv": (L, d, cfg.kv_size), "layers/wo": (L, cfg.q_size, d)})
     kinds = cfg.layer_kinds
     num_dense = kinds.count("dense")
     if num_dense:
@@ -304,10 +316,25 @@ def forward(
     N = tokens_n.shape[0]
     H, K, D = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
     x = params["embed"][tokens_n].astype(dtype)
-    cos, sin = rope_cos_sin(positions_n, cfg)
+    if cfg.mla is not None:
+        cos, sin = mla.rope_cos_sin(positions_n, cfg)
+    else:
+        cos, sin = rope_cos_sin(positions_n, cfg)
+
+    def latent_attention(h, cache, lp, i, cos, sin, attn_meta):
+        """MLA in its absorbed form: the backend stores the latent rows and attends in the
+        latent space."""
+        c_kv, k_rope = mla.project_latent(h, lp, cfg, cos, sin)
+        q_nope, q_rope = mla.project_queries(h, lp, cfg, cos, sin)
+        q_latent = mla.absorb_queries(q_nope, lp, cfg)
+        o_latent, cache = attention(cache, attn_meta, i, q_latent, q_rope, c_kv, k_rope)
+        return mla.unabsorb_output(o_latent.astype(dtype), lp, cfg) @ lp["wo"], cache
 
     def block(x, cache, lp, i, cos, sin, attn_meta, kind):
         h = rms_norm(x, lp["attn_norm"], cfg.rms_norm_eps)
+        if cfg.mla is not None:
+            attn, cache = latent_attention(h, cache, lp, i, cos, sin, attn_meta)
+            return mlp(x + attn, cache, lp, kind)
         q = h @ lp["wq"]
         k = h @ lp["wk"]
         v = h @ lp["wv"]
@@ -319,7 +346,9 @@ def forward(
             k = rms_norm(k, lp["k_norm"], cfg.rms_norm_eps)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         attn, cache = attention(cache, attn_meta, i, q, k, v)
-        x = x + attn.reshape(N, H * D).astype(dtype) @ lp["wo"]
+        return mlp(x + attn.reshape(N, H * D).astype(dtype) @ lp["wo"], cache, lp, kind)
+
+    def mlp(x, cache, lp, kind):
         h = rms_norm(x, lp["mlp_norm"], cfg.rms_norm_eps)
         if kind == "moe":
             out, ids = moe_mlp(h, lp, cfg.moe, expert_mesh)

@@ -17,6 +17,7 @@ import numpy as np
 from seer_jax.errors import SeerError
 from seer_jax.model.config import ModelConfig, RopeScaling
 from seer_jax.model.llama import Params, jnp_dtype, key_kind, nest_params, param_shapes
+from seer_jax.model.mla_config import MlaConfig, YarnScaling
 from seer_jax.model.moe_config import MoeConfig
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
@@ -34,6 +35,13 @@ _LAYER_MAP = {
     "self_attn.v_proj.bias": ("bv", False),
     "self_attn.q_norm.weight": ("q_norm", False),
     "self_attn.k_norm.weight": ("k_norm", False),
+    # multi-head latent attention (DeepSeek-V2/V3, Kimi-K2, Moonlight; q_proj and o_proj above)
+    "self_attn.q_a_proj.weight": ("wq_a", True),
+    "self_attn.q_a_layernorm.weight": ("q_a_norm", False),
+    "self_attn.q_b_proj.weight": ("wq_b", True),
+    "self_attn.kv_a_proj_with_mqa.weight": ("wkv_a", True),
+    "self_attn.kv_a_layernorm.weight": ("kv_a_norm", False),
+    "self_attn.kv_b_proj.weight": ("wkv_b", True),
     "mlp.gate_proj.weight": ("w_gate", True),
     "mlp.up_proj.weight": ("w_up", True),
     "mlp.down_proj.weight": ("w_down", True),
@@ -119,6 +127,8 @@ def hf_tensors_to_params(cfg: ModelConfig, tensors: dict[str, np.ndarray]) -> Pa
                 unused.append(name)
                 continue
             i = int(idx)
+            if i >= L and cfg.mla is not None:
+                continue  # DeepSeek-V3's multi-token-prediction layers: not used to generate
             if i >= L:
                 raise SeerError(f"checkpoint has tensor {name} but config has num_hidden_layers={L}")
 
@@ -248,6 +258,9 @@ def load_orbax(path: str | pathlib.Path, dtype: str | None = None) -> tuple[Mode
     meta["eos_token_ids"] = tuple(meta.get("eos_token_ids") or ())
     if meta.get("moe"):
         meta["moe"] = MoeConfig(**{**meta["moe"], "dense_layers": tuple(meta["moe"]["dense_layers"])})
+    if meta.get("mla"):
+        yarn = meta["mla"].get("yarn")
+        meta["mla"] = MlaConfig(**{**meta["mla"], "yarn": YarnScaling(**yarn) if yarn else None})
     cfg = ModelConfig(**meta)
     with ocp.StandardCheckpointer() as ckptr:
         params = ckptr.restore(path / "params")

@@ -29,117 +29,30 @@ LoRA, `wq_a` [d, q_lora_rank], `q_a_norm` [q_lora_rank], `wq_b` [q_lora_rank, H*
 
 from __future__ import annotations
 
-import dataclasses
 import math
-from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from seer_jax.errors import ConfigError
+from seer_jax.model.config import ModelConfig
 
 
-@dataclasses.dataclass(frozen=True)
-class YarnScaling:
-    """DeepSeek-style YaRN (`rope_type: yarn` / `deepseek_yarn`)."""
-
-    factor: float
-    original_max_position_embeddings: int
-    beta_fast: float = 32.0
-    beta_slow: float = 1.0
-    mscale: float = 1.0
-    mscale_all_dim: float = 0.0
-    truncate: bool = True
-
-
-@dataclasses.dataclass(frozen=True)
-class MLAConfig:
-    num_heads: int
-    hidden_size: int
-    kv_lora_rank: int
-    qk_nope_head_dim: int
-    qk_rope_head_dim: int
-    v_head_dim: int
-    q_lora_rank: int | None = None
-    rope_theta: float = 10000.0
-    yarn: YarnScaling | None = None
-    rope_interleave: bool = True  # rope dims stored as (x0, x1), (x2, x3), ... pairs
-    rms_norm_eps: float = 1e-6
-
-    @property
-    def qk_head_dim(self) -> int:
-        return self.qk_nope_head_dim + self.qk_rope_head_dim
-
-    @property
-    def cache_width(self) -> int:
-        """Values a token holds per layer in the latent cache."""
-        return self.kv_lora_rank + self.qk_rope_head_dim
-
-    def validate(self) -> None:
-        for key in ("num_heads", "hidden_size", "kv_lora_rank", "qk_nope_head_dim",
-                    "qk_rope_head_dim", "v_head_dim"):
-            if getattr(self, key) < 1:
-                raise ConfigError(f"MLA config {key}={getattr(self, key)}: must be >= 1")
-        if self.qk_rope_head_dim % 2:
-            raise ConfigError(f"MLA config qk_rope_head_dim={self.qk_rope_head_dim}: must be even")
-        if self.q_lora_rank is not None and self.q_lora_rank < 1:
-            raise ConfigError(f"MLA config q_lora_rank={self.q_lora_rank}: must be >= 1 or None")
-
-    @classmethod
-    def from_hf_dict(cls, hf: dict[str, Any]) -> MLAConfig:
-        """The attention fields of a DeepSeek-V2/V3 `config.json` (transformers 4.x `rope_scaling`
-        or 5.x `rope_parameters`)."""
-        arch = (hf.get("architectures") or ["DeepseekV3ForCausalLM"])[0]
-        if hf.get("attention_bias"):
-            raise ConfigError(f"{arch}: attention_bias=true is not supported")
-        rope = dict(hf.get("rope_parameters") or {})
-        legacy = dict(hf.get("rope_scaling") or {})
-        src = rope if rope.get("rope_type", "default") != "default" else legacy
-        kind = src.get("rope_type", src.get("type", "default")) if src else "default"
-        yarn = None
-        if kind in ("yarn", "deepseek_yarn"):
-            factor = src.get("factor")
-            orig = src.get("original_max_position_embeddings")
-            if factor is None or orig is None:
-                raise ConfigError(f"{arch}: YaRN rope scaling needs factor and "
-                                  f"original_max_position_embeddings, got {src}")
-            if src.get("attention_factor") is not None:
-                raise ConfigError(f"{arch}: rope_scaling.attention_factor is not supported "
-                                  f"(DeepSeek derives it from mscale / mscale_all_dim)")
-            yarn = YarnScaling(float(factor), int(orig), float(src.get("beta_fast") or 32),
-                               float(src.get("beta_slow") or 1), float(src.get("mscale") or 1.0),
-                               float(src.get("mscale_all_dim") or 0.0),
-                               bool(src.get("truncate", True)))
-        elif kind not in ("default", None):
-            raise ConfigError(f"{arch}: rope type {kind!r} is not supported for latent "
-                              f"attention; allowed: default, yarn")
-        cfg = cls(num_heads=int(hf["num_attention_heads"]), hidden_size=int(hf["hidden_size"]),
-                  kv_lora_rank=int(hf["kv_lora_rank"]),
-                  qk_nope_head_dim=int(hf["qk_nope_head_dim"]),
-                  qk_rope_head_dim=int(hf["qk_rope_head_dim"]), v_head_dim=int(hf["v_head_dim"]),
-                  q_lora_rank=None if hf.get("q_lora_rank") is None else int(hf["q_lora_rank"]),
-                  rope_theta=float(rope.get("rope_theta", hf.get("rope_theta", 10000.0))),
-                  yarn=yarn, rope_interleave=bool(hf.get("rope_interleave", True)),
-                  rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)))
-        cfg.validate()
-        return cfg
-
-
-def layer_param_shapes(cfg: MLAConfig) -> dict[str, tuple[int, ...]]:
+def layer_param_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     """Shapes of one layer's attention weights."""
-    d, H, r = cfg.hidden_size, cfg.num_heads, cfg.kv_lora_rank
+    m = cfg.mla
+    d, H, r = cfg.hidden_size, cfg.num_heads, m.kv_lora_rank
     shapes = {
-        "wkv_a": (d, r + cfg.qk_rope_head_dim),
+        "wkv_a": (d, r + m.qk_rope_head_dim),
         "kv_a_norm": (r,),
-        "wkv_b": (r, H * (cfg.qk_nope_head_dim + cfg.v_head_dim)),
-        "wo": (H * cfg.v_head_dim, d),
+        "wkv_b": (r, H * (m.qk_nope_head_dim + m.v_head_dim)),
+        "wo": (H * m.v_head_dim, d),
     }
-    if cfg.q_lora_rank is None:
-        shapes["wq"] = (d, H * cfg.qk_head_dim)
+    if m.q_lora_rank is None:
+        shapes["wq"] = (d, H * m.qk_head_dim)
     else:
-        shapes.update({"wq_a": (d, cfg.q_lora_rank), "q_a_norm": (cfg.q_lora_rank,),
-                       "wq_b": (cfg.q_lora_rank, H * cfg.qk_head_dim)})
+        shapes.update({"wq_a": (d, m.q_lora_rank), "q_a_norm": (m.q_lora_rank,),
+                       "wq_b": (m.q_lora_rank, H * m.qk_head_dim)})
     return shapes
 
 
@@ -147,11 +60,11 @@ def _yarn_mscale(factor: float, mscale: float = 1.0) -> float:
     return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
 
 
-def rope_tables(cfg: MLAConfig) -> tuple[np.ndarray, float]:
+def rope_tables(cfg: ModelConfig) -> tuple[np.ndarray, float]:
     """(inverse frequencies [qk_rope_head_dim // 2] float32, cos/sin scale)."""
-    dim, base = cfg.qk_rope_head_dim, cfg.rope_theta
+    dim, base = cfg.mla.qk_rope_head_dim, cfg.rope_theta
     pos_freqs = base ** (np.arange(0, dim, 2, dtype=np.float32) / dim)
-    y = cfg.yarn
+    y = cfg.mla.yarn
     if y is None:
         return (1.0 / pos_freqs).astype(np.float32), 1.0
 
@@ -175,18 +88,18 @@ def rope_tables(cfg: MLAConfig) -> tuple[np.ndarray, float]:
     return inv.astype(np.float32), float(scale)
 
 
-def softmax_scale(cfg: MLAConfig) -> float:
+def softmax_scale(cfg: ModelConfig) -> float:
     """The constant multiplying q.k: 1/sqrt(qk_head_dim), times mscale(factor, mscale_all_dim)^2
     under YaRN (DeepSeek scales the non-rotary dims too)."""
-    scale = cfg.qk_head_dim ** -0.5
-    y = cfg.yarn
+    scale = cfg.mla.qk_head_dim ** -0.5
+    y = cfg.mla.yarn
     if y is not None and y.mscale_all_dim:
         m = _yarn_mscale(y.factor, y.mscale_all_dim)
         scale *= m * m
     return scale
 
 
-def rope_cos_sin(positions_n: jax.Array, cfg: MLAConfig) -> tuple[jax.Array, jax.Array]:
+def rope_cos_sin(positions_n: jax.Array, cfg: ModelConfig) -> tuple[jax.Array, jax.Array]:
     """cos/sin [N, qk_rope_head_dim // 2] (one angle per rotated pair), YaRN-scaled."""
     inv, scale = rope_tables(cfg)
     ang = positions_n.astype(jnp.float32)[:, None] * jnp.asarray(inv)[None, :]
@@ -207,48 +120,56 @@ def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array, interleave: bool) -
     return jnp.concatenate([x1 * c - x2 * s, x2 * c + x1 * s], axis=-1).astype(x.dtype)
 
 
+# The query and latent RMSNorms' epsilon: fixed in DeepSeek's code and transformers, whatever
+# the config's rms_norm_eps (which the decoder's own norms use)
+LATENT_NORM_EPS = 1e-6
+
+
 def _rms(x, w, eps):
     xf = x.astype(jnp.float32)
     y = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + eps)
     return (y * w.astype(jnp.float32)).astype(x.dtype)
 
 
-def project_latent(h: jax.Array, lp: dict, cfg: MLAConfig, cos: jax.Array,
+def project_latent(h: jax.Array, lp: dict, cfg: ModelConfig, cos: jax.Array,
                    sin: jax.Array) -> tuple[jax.Array, jax.Array]:
     """What the cache stores for tokens h [N, d]: c_kv [N, r] (normalized) and k_rope [N, dr]
     (rotated)."""
+    r = cfg.mla.kv_lora_rank
     ckv = h @ lp["wkv_a"]
-    c, k_rope = ckv[:, :cfg.kv_lora_rank], ckv[:, cfg.kv_lora_rank:]
-    c = _rms(c, lp["kv_a_norm"], cfg.rms_norm_eps)
-    return c, apply_rope(k_rope, cos, sin, cfg.rope_interleave)
+    c, k_rope = ckv[:, :r], ckv[:, r:]
+    c = _rms(c, lp["kv_a_norm"], LATENT_NORM_EPS)
+    return c, apply_rope(k_rope, cos, sin, cfg.mla.rope_interleave)
 
 
-def project_queries(h: jax.Array, lp: dict, cfg: MLAConfig, cos: jax.Array,
+def project_queries(h: jax.Array, lp: dict, cfg: ModelConfig, cos: jax.Array,
                     sin: jax.Array) -> tuple[jax.Array, jax.Array]:
     """Queries of tokens h [N, d]: q_nope [N, H, dn] and q_rope [N, H, dr] (rotated)."""
-    if cfg.q_lora_rank is None:
+    m = cfg.mla
+    if m.q_lora_rank is None:
         q = h @ lp["wq"]
     else:
-        q = _rms(h @ lp["wq_a"], lp["q_a_norm"], cfg.rms_norm_eps) @ lp["wq_b"]
-    q = q.reshape(h.shape[0], cfg.num_heads, cfg.qk_head_dim)
-    q_nope, q_rope = q[..., :cfg.qk_nope_head_dim], q[..., cfg.qk_nope_head_dim:]
-    return q_nope, apply_rope(q_rope, cos, sin, cfg.rope_interleave)
+        q = _rms(h @ lp["wq_a"], lp["q_a_norm"], LATENT_NORM_EPS) @ lp["wq_b"]
+    q = q.reshape(h.shape[0], cfg.num_heads, m.qk_head_dim)
+    q_nope, q_rope = q[..., :m.qk_nope_head_dim], q[..., m.qk_nope_head_dim:]
+    return q_nope, apply_rope(q_rope, cos, sin, m.rope_interleave)
 
 
-def _wkv_b(lp: dict, cfg: MLAConfig) -> tuple[jax.Array, jax.Array]:
+def _wkv_b(lp: dict, cfg: ModelConfig) -> tuple[jax.Array, jax.Array]:
     """W_uk [r, H, dn] and W_uv [r, H, dv] out of wkv_b."""
-    w = lp["wkv_b"].reshape(cfg.kv_lora_rank, cfg.num_heads, cfg.qk_nope_head_dim + cfg.v_head_dim)
-    return w[..., :cfg.qk_nope_head_dim], w[..., cfg.qk_nope_head_dim:]
+    m = cfg.mla
+    w = lp["wkv_b"].reshape(m.kv_lora_rank, -1, m.qk_nope_head_dim + m.v_head_dim)
+    return w[..., :m.qk_nope_head_dim], w[..., m.qk_nope_head_dim:]
 
 
-def absorb_queries(q_nope: jax.Array, lp: dict, cfg: MLAConfig) -> jax.Array:
+def absorb_queries(q_nope: jax.Array, lp: dict, cfg: ModelConfig) -> jax.Array:
     """q_latent [N, H, r] = W_uk[h]^T q_nope[h] (accumulated in float32)."""
     w_uk, _ = _wkv_b(lp, cfg)
     return jnp.einsum("nhk,rhk->nhr", q_nope, w_uk,
                       preferred_element_type=jnp.float32).astype(q_nope.dtype)
 
 
-def unabsorb_output(o_latent: jax.Array, lp: dict, cfg: MLAConfig) -> jax.Array:
+def unabsorb_output(o_latent: jax.Array, lp: dict, cfg: ModelConfig) -> jax.Array:
     """Attention output [N, H*dv] from its latent form o_latent [N, H, r] (W_uv after)."""
     _, w_uv = _wkv_b(lp, cfg)
     o = jnp.einsum("nhr,rhv->nhv", o_latent.astype(w_uv.dtype), w_uv,
@@ -268,7 +189,7 @@ def latent_attention_reference(q_latent: jax.Array, q_rope: jax.Array, c_kv: jax
     return jnp.einsum("nhs,sr->nhr", p, c_kv.astype(jnp.float32))
 
 
-def attention_dense(h: jax.Array, lp: dict, cfg: MLAConfig, positions_n: jax.Array,
+def attention_dense(h: jax.Array, lp: dict, cfg: ModelConfig, positions_n: jax.Array,
                     mask: jax.Array) -> jax.Array:
     """One MLA layer's attention over N tokens attending to each other where mask [N, N]
     allows (no cache): projections, absorbed attention, value and output projections.
@@ -281,11 +202,11 @@ def attention_dense(h: jax.Array, lp: dict, cfg: MLAConfig, positions_n: jax.Arr
     return unabsorb_output(o.astype(h.dtype), lp, cfg) @ lp["wo"]
 
 
-def hf_layer_tensors(cfg: MLAConfig) -> dict[str, tuple[str, bool]]:
+def hf_layer_tensors(cfg: ModelConfig) -> dict[str, tuple[str, bool]]:
     """Our per-layer name -> (Hugging Face name under `model.layers.N.self_attn.`, transpose)."""
     names = {"wkv_a": ("kv_a_proj_with_mqa.weight", True), "kv_a_norm": ("kv_a_layernorm.weight", False),
              "wkv_b": ("kv_b_proj.weight", True), "wo": ("o_proj.weight", True)}
-    if cfg.q_lora_rank is None:
+    if cfg.mla.q_lora_rank is None:
         names["wq"] = ("q_proj.weight", True)
     else:
         names.update({"wq_a": ("q_a_proj.weight", True), "q_a_norm": ("q_a_layernorm.weight", False),

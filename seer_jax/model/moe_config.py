@@ -3,6 +3,7 @@
 One `MoeConfig` covers the routers we serve:
   softmax top-k (Qwen3-MoE, Qwen2-MoE, Mixtral): probabilities over all experts, the k largest,
     renormalised to sum 1 when `norm_topk_prob` (Mixtral always);
+  (DeepSeek-V2: softmax top-k times routed_scaling_factor);
   sigmoid, group-limited (DeepSeek-V3, Kimi-K2, Moonlight): per-expert sigmoid scores; the choice
     adds `e_score_correction_bias` and keeps only the `topk_group` best of `n_group` expert groups
     (a group scored by its two best experts); the weights are the chosen experts' unbiased scores,
@@ -81,9 +82,6 @@ _UNSUPPORTED = {
     "Llama4ForCausalLM": ("num_local_experts", "Llama 4 experts (sigmoid top-1 with a shared "
                           "expert on interleaved layers, chunked attention)"),
     "Llama4ForConditionalGeneration": ("text_config", "Llama 4"),
-    "DeepseekV2ForCausalLM": ("topk_method", "DeepSeek-V2 routing and latent attention"),
-    "DeepseekV3ForCausalLM": ("kv_lora_rank", "multi-head latent attention (the MoE block is "
-                              "supported; its attention is not yet)"),
 }
 
 
@@ -155,3 +153,26 @@ def deepseek_v3_moe_config(hf: dict[str, Any]) -> MoeConfig:
                      topk_group=int(hf.get("topk_group", 1) or 1),
                      shared_intermediate_size=expert_f * int(hf.get("n_shared_experts", 0) or 0),
                      dense_layers=tuple(i for i in range(L) if i < first_dense or i % step))
+
+
+def deepseek_v2_moe_config(hf: dict[str, Any]) -> MoeConfig:
+    """The MoE block of a DeepSeek-V2 `config.json` (DeepSeek-V2-Lite, DeepSeek-Coder-V2-Lite):
+    softmax over all experts, the k largest (`topk_method: greedy`), times
+    `routed_scaling_factor`."""
+    arch = (hf.get("architectures") or ["DeepseekV2ForCausalLM"])[0]
+    method = hf.get("topk_method", "greedy")
+    if method != "greedy" and not (method == "group_limited_greedy"
+                                   and int(hf.get("n_group") or 1) == 1):
+        _refuse(arch, "topk_method", method, "'greedy'")
+    if hf.get("scoring_func", "softmax") != "softmax":
+        _refuse(arch, "scoring_func", hf["scoring_func"], "'softmax'")
+    L = int(hf["num_hidden_layers"])
+    first_dense = int(hf.get("first_k_dense_replace", 0) or 0)
+    expert_f = int(hf["moe_intermediate_size"])
+    return MoeConfig(num_experts=int(hf.get("n_routed_experts") or 0),
+                     num_experts_per_tok=int(hf["num_experts_per_tok"]),
+                     expert_intermediate_size=expert_f,
+                     norm_topk_prob=bool(hf.get("norm_topk_prob", False)),
+                     routed_scaling_factor=float(hf.get("routed_scaling_factor", 1.0)),
+                     shared_intermediate_size=expert_f * int(hf.get("n_shared_experts", 0) or 0),
+                     dense_layers=tuple(range(min(first_dense, L))))

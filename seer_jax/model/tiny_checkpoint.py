@@ -20,14 +20,14 @@ from typing import Any
 import numpy as np
 
 from seer_jax.errors import ConfigError
-from seer_jax.model.config import ARCHITECTURES, ModelConfig
+from seer_jax.model.config import ARCHITECTURES, ModelConfig, tiny_deepseek_config
 from seer_jax.model.llama import Params, flat_params, init_params, key_kind
 from seer_jax.model.moe_config import MoeConfig
 
 _MODEL_TYPE = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral",
                "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3",
                "MixtralForCausalLM": "mixtral", "Qwen2MoeForCausalLM": "qwen2_moe",
-               "Qwen3MoeForCausalLM": "qwen3_moe"}
+               "Qwen3MoeForCausalLM": "qwen3_moe", "DeepseekV3ForCausalLM": "deepseek_v3"}
 EOS = "<|endoftext|>"
 # a plain chat template, so chat prompts (`--chat`, rollout prompt sets) work
 CHAT_TEMPLATE = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
@@ -35,9 +35,13 @@ CHAT_TEMPLATE = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{%
 
 
 def tiny_model_config(arch: str = "Qwen3MoeForCausalLM") -> ModelConfig:
-    """2 layers, hidden 64; MoE architectures: 8 experts, top 2."""
-    if arch not in ARCHITECTURES:
-        raise ConfigError(f"--arch {arch!r}: choose one of {sorted(ARCHITECTURES)}")
+    """2 layers, hidden 64; MoE architectures: 8 experts, top 2 (DeepSeek-V3: 3 layers, the
+    first dense, latent attention with YaRN)."""
+    if arch not in _MODEL_TYPE:
+        raise ConfigError(f"--arch {arch!r}: choose one of {sorted(_MODEL_TYPE)}")
+    if arch == "DeepseekV3ForCausalLM":
+        return tiny_deepseek_config(vocab_size=288, rms_norm_eps=1e-6, eos_token_ids=(256,),
+                                    max_position_embeddings=512)
     qkv_bias, qk_norm = ARCHITECTURES[arch]
     moe = None
     if arch in ("MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM"):
@@ -68,6 +72,9 @@ def hf_config_dict(cfg: ModelConfig) -> dict[str, Any]:
         "eos_token_id": list(cfg.eos_token_ids), "torch_dtype": cfg.dtype,
         "attention_bias": cfg.qkv_bias,
     }
+    if cfg.mla is not None:
+        _deepseek_v3_fields(cfg, hf)
+        return hf
     m = cfg.moe
     if m is not None:
         if m.scoring != "softmax" or m.routed_scaling_factor != 1.0 or m.n_group != 1:
@@ -85,6 +92,29 @@ def hf_config_dict(cfg: ModelConfig) -> dict[str, Any]:
     return hf
 
 
+def _deepseek_v3_fields(cfg: ModelConfig, hf: dict[str, Any]) -> None:
+    a, m = cfg.mla, cfg.moe
+    if m is None or m.scoring != "sigmoid" or list(m.dense_layers) != list(range(len(m.dense_layers))):
+        raise ConfigError("hf_config_dict writes DeepSeek-V3 configs with sigmoid routing and "
+                          "the dense layers first")
+    del hf["head_dim"]
+    hf.update(kv_lora_rank=a.kv_lora_rank, q_lora_rank=a.q_lora_rank,
+              qk_nope_head_dim=a.qk_nope_head_dim, qk_rope_head_dim=a.qk_rope_head_dim,
+              v_head_dim=a.v_head_dim, rope_interleave=a.rope_interleave,
+              n_routed_experts=m.num_experts, num_experts_per_tok=m.num_experts_per_tok,
+              moe_intermediate_size=m.expert_intermediate_size,
+              n_shared_experts=m.shared_intermediate_size // m.expert_intermediate_size,
+              n_group=m.n_group, topk_group=m.topk_group, norm_topk_prob=m.norm_topk_prob,
+              routed_scaling_factor=m.routed_scaling_factor, topk_method="noaux_tc",
+              scoring_func="sigmoid", first_k_dense_replace=len(m.dense_layers))
+    if a.yarn is not None:
+        y = a.yarn
+        hf["rope_scaling"] = {"type": "yarn", "factor": y.factor, "beta_fast": y.beta_fast,
+                              "beta_slow": y.beta_slow, "mscale": y.mscale,
+                              "mscale_all_dim": y.mscale_all_dim,
+                              "original_max_position_embeddings": y.original_max_position_embeddings}
+
+
 # our layer key -> HF name after "model.layers.<i>." ({e}: expert index), transposed on write
 _HF_NAMES = {
     "attn_norm": "input_layernorm.weight", "mlp_norm": "post_attention_layernorm.weight",
@@ -99,6 +129,12 @@ _HF_NAMES = {
     "ws_gate": "mlp.shared_expert.gate_proj.weight", "ws_up": "mlp.shared_expert.up_proj.weight",
     "ws_down": "mlp.shared_expert.down_proj.weight", "ws_router": "mlp.shared_expert_gate.weight",
 }
+_DEEPSEEK_NAMES = {
+    "wq_a": "self_attn.q_a_proj.weight", "q_a_norm": "self_attn.q_a_layernorm.weight",
+    "wq_b": "self_attn.q_b_proj.weight", "wkv_a": "self_attn.kv_a_proj_with_mqa.weight",
+    "kv_a_norm": "self_attn.kv_a_layernorm.weight", "wkv_b": "self_attn.kv_b_proj.weight",
+    "ws_gate": "mlp.shared_experts.gate_proj.weight", "ws_up": "mlp.shared_experts.up_proj.weight",
+    "ws_down": "mlp.shared_experts.down_proj.weight"}
 _MIXTRAL_NAMES = {"router": "block_sparse_moe.gate.weight",
                   "we_gate": "block_sparse_moe.experts.{e}.w1.weight",
                   "we_up": "block_sparse_moe.experts.{e}.w3.weight",
@@ -107,7 +143,8 @@ _MIXTRAL_NAMES = {"router": "block_sparse_moe.gate.weight",
 
 def params_to_hf_tensors(cfg: ModelConfig, params: Params) -> dict[str, np.ndarray]:
     """Our (stacked) params under HF tensor names, [out, in] linear layout, experts one by one."""
-    names = {**_HF_NAMES, **(_MIXTRAL_NAMES if cfg.architecture == "MixtralForCausalLM" else {})}
+    extra = {"MixtralForCausalLM": _MIXTRAL_NAMES, "DeepseekV3ForCausalLM": _DEEPSEEK_NAMES}
+    names = {**_HF_NAMES, **extra.get(cfg.architecture, {})}
     flat = {k: np.asarray(v, np.float32) for k, v in flat_params(params).items()}
     out = {"model.embed_tokens.weight": flat["embed"], "model.norm.weight": flat["final_norm"]}
     if not cfg.tie_word_embeddings:
@@ -180,7 +217,7 @@ def write_tiny_checkpoint(out_dir: str | pathlib.Path, arch: str = "Qwen3MoeForC
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("out_dir")
-    p.add_argument("--arch", default="Qwen3MoeForCausalLM", help=", ".join(sorted(ARCHITECTURES)))
+    p.add_argument("--arch", default="Qwen3MoeForCausalLM", help=", ".join(sorted(_MODEL_TYPE)))
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--shards", type=int, default=1, help="safetensors files (an index when > 1)")
     args = p.parse_args(argv)

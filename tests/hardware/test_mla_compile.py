@@ -70,3 +70,27 @@ def test_mla_case_rejects_unknown_kernel():
 
     with pytest.raises(ConfigError, match="kernel"):
         MlaCase("mla_prefill", 16, 512, 64, "bfloat16", 16)
+
+
+@pytest.mark.exhaustive  # 10-60 s each
+@pytest.mark.parametrize("target, tp, kind", [("v6e", 1, "decode"), ("v6e", 2, "verify"),
+                                              ("h100", 1, "decode"), ("h100", 1, "verify")])
+def test_engine_step_of_a_latent_attention_model_compiles(target, tp, kind):
+    """The engine's own step (`model_runner`) for a DeepSeek-V3-shaped model (latent cache,
+    absorbed attention by the target's kernel, the MoE block) compiles for the chip; its cache
+    is the latent rows, whole on every shard."""
+    import dataclasses
+
+    from seer_jax.hardware.step import StepLimits, compile_step
+    from seer_jax.model.config import tiny_deepseek_config
+
+    require_compiler(target)
+    base = tiny_deepseek_config()
+    cfg = tiny_deepseek_config(num_heads=8, num_kv_heads=8, head_dim=16 + 64, dtype="bfloat16",
+                               mla=dataclasses.replace(base.mla, kv_lora_rank=128,
+                                                       qk_rope_head_dim=64))
+    lim = StepLimits(page_size=16, num_pages=64, max_num_seqs=8, max_num_batched_tokens=64,
+                     max_prefill_seqs=2, max_model_len=256)
+    step = compile_step(cfg, target, tp, lim, kind)
+    assert step.impl == {"v6e": "tpu", "h100": "gpu"}[target]
+    assert step.kv_bytes == 3 * 64 * 16 * (128 + 64) * 2  # layers x pages x rows x width x bf16

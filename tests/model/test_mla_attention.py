@@ -7,6 +7,8 @@ import pytest
 
 from seer_jax.errors import ConfigError
 from seer_jax.model import mla
+from seer_jax.model.config import ModelConfig, tiny_config
+from seer_jax.model.mla_config import MlaConfig, YarnScaling
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -40,8 +42,8 @@ def hf_attention(**over):
 ], ids=["plain", "q_lora_interleave", "yarn"])
 def test_absorbed_attention_equals_transformers(over):
     hf_cfg, attn, rotary = hf_attention(**over)
-    cfg = mla.MLAConfig.from_hf_dict(hf_cfg.to_dict())
-    assert (cfg.yarn is not None) == ("rope_parameters" in over)
+    cfg = ModelConfig.from_hf_dict(hf_cfg.to_dict())
+    assert (cfg.mla.yarn is not None) == ("rope_parameters" in over)
     T = 11
     pos = np.arange(100, 100 + T)  # past the original context: YaRN's ramp matters
     x = np.random.RandomState(1).randn(1, T, BASE["hidden_size"]).astype(np.float32)
@@ -62,10 +64,11 @@ def test_absorbed_attention_equals_transformers(over):
 
 
 def test_cache_width_and_yarn_scales_are_deepseek_v3s():
-    cfg = mla.MLAConfig(num_heads=128, hidden_size=7168, kv_lora_rank=512, qk_nope_head_dim=128,
-                        qk_rope_head_dim=64, v_head_dim=128, q_lora_rank=1536,
-                        yarn=mla.YarnScaling(40.0, 4096, 32, 1, 1.0, 1.0))
-    assert cfg.cache_width == 576
+    cfg = tiny_config(num_heads=128, num_kv_heads=128, hidden_size=7168, head_dim=192,
+                      mla=MlaConfig(kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64,
+                                    v_head_dim=128, q_lora_rank=1536,
+                                    yarn=YarnScaling(40.0, 4096, 32, 1, 1.0, 1.0)))
+    assert cfg.mla.cache_width == 576
     m = 0.1 * np.log(40.0) + 1
     assert mla.softmax_scale(cfg) == pytest.approx(192 ** -0.5 * m * m)
     assert mla.rope_tables(cfg)[1] == pytest.approx(1.0)  # mscale / mscale_all_dim
@@ -74,6 +77,7 @@ def test_cache_width_and_yarn_scales_are_deepseek_v3s():
 def test_unsupported_attention_options_are_refused_by_name():
     hf = transformers.DeepseekV3Config(**BASE).to_dict()
     with pytest.raises(ConfigError, match="attention_bias"):
-        mla.MLAConfig.from_hf_dict({**hf, "attention_bias": True})
+        ModelConfig.from_hf_dict({**hf, "attention_bias": True})
     with pytest.raises(ConfigError, match="rope type 'longrope'"):
-        mla.MLAConfig.from_hf_dict({**hf, "rope_parameters": {"rope_type": "longrope", "factor": 2.0}})
+        ModelConfig.from_hf_dict({**hf, "rope_parameters": {"rope_type": "longrope",
+                                                            "factor": 2.0}})

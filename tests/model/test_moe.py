@@ -217,7 +217,8 @@ _BASE = dict(vocab_size=160, hidden_size=64, intermediate_size=96, num_hidden_la
 @pytest.mark.parametrize("arch, extra, match", [
     ("GptOssForCausalLM", {"num_local_experts": 32}, "GptOssForCausalLM.*num_local_experts=32"),
     ("Llama4ForCausalLM", {"num_local_experts": 16}, "Llama4ForCausalLM.*num_local_experts=16"),
-    ("DeepseekV3ForCausalLM", {"kv_lora_rank": 512}, "DeepseekV3ForCausalLM.*kv_lora_rank=512"),
+    ("DeepseekV2ForCausalLM", {"topk_method": "group_limited_greedy", "n_group": 8},
+     "DeepseekV2ForCausalLM.*topk_method='group_limited_greedy'"),
     ("Qwen3MoeForCausalLM", {"num_experts": 8, "num_experts_per_tok": 2,
                              "moe_intermediate_size": 32, "use_sliding_window": True},
      "Qwen3MoeForCausalLM.*use_sliding_window"),

@@ -31,10 +31,22 @@ def test_sharded_checkpoint_loads_back_exactly(tiny_moe):
         assert np.array_equal(np.asarray(got[k]), np.asarray(want[k])), k
 
 
-def test_generate_command_equals_transformers(tiny_moe, capsys):
+@pytest.fixture(scope="module")
+def tiny_deepseek(tmp_path_factory):
+    return write_tiny_checkpoint(tmp_path_factory.mktemp("tiny") / "deepseek",
+                                 arch="DeepseekV3ForCausalLM")
+
+
+@pytest.mark.parametrize("which", ["qwen3_moe", pytest.param("deepseek_v3",
+                                                             marks=pytest.mark.exhaustive)])
+def test_generate_command_equals_transformers(request, which, capsys):
     torch = pytest.importorskip("torch")
     import transformers as tf
 
+    tiny_moe = request.getfixturevalue("tiny_moe" if which == "qwen3_moe" else "tiny_deepseek")
+    if which == "deepseek_v3":  # latent attention, YaRN, sigmoid group-limited routing
+        cfg, _ = load_safetensors_dir(tiny_moe)
+        assert cfg == tiny_model_config("DeepseekV3ForCausalLM")
     prompt = "Hello, experts"
     assert main(["generate", "--model", str(tiny_moe), "--prompt", prompt, "--max-tokens", "12",
                  "--json"]) == 0
