@@ -89,9 +89,11 @@ class EmulatedClusterDriver(_DriverBase):
         seq = 0
         ctl.start(0.0)
         ctl.dispatch(0.0)
+        inf = float("inf")
         while not ctl.done:
-            busy = [i for i, inst in enumerate(insts) if alive[i] and insts[i].has_work()]
-            t_step = min((insts[i].now() for i in busy), default=float("inf"))
+            # the earliest busy instance: (its clock, its index), the lowest index on a tie
+            t_step, i = min([(inst.now(), k) for k, inst in enumerate(insts)
+                             if alive[k] and inst.has_work()], default=(inf, -1))
             t_event = pending[0][0] if pending else float("inf")
             if t_event == float("inf") and t_step == float("inf"):
                 if ctl.dispatch(self.end_time) == 0:
@@ -108,7 +110,6 @@ class EmulatedClusterDriver(_DriverBase):
                 ctl.dispatch(now - origin)
                 self.end_time = max(self.end_time, now - origin)
                 continue
-            i = min(busy, key=lambda k: (insts[k].now(), k))
             inst = insts[i]
             try:
                 rep = inst.step()

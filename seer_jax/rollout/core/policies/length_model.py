@@ -50,13 +50,33 @@ _LOG_SQRT_2PI = 0.5 * math.log(2.0 * math.pi)
 def log_ndtr(x: np.ndarray) -> np.ndarray:
     """log Phi(x) of the standard normal CDF, elementwise, accurate in both tails."""
     x = np.asarray(x, dtype=np.float64)
-    z = np.abs(x) / _SQRT2
-    t = 1.0 / (1.0 + 0.5 * z)
-    poly = -1.26551223 + t * (1.00002368 + t * (0.37409196 + t * (0.09678418 + t * (
-        -0.18628806 + t * (0.27886807 + t * (-1.13520398 + t * (1.48851587 + t * (
-            -0.82215223 + t * 0.17087277))))))))
-    log_erfc = np.log(t) - z * z + poly  # log erfc(z), z >= 0
-    return np.where(x < 0.0, log_erfc - _LOG2, np.log1p(-0.5 * np.exp(log_erfc)))
+    if x.ndim == 0:
+        return log_ndtr(x.reshape(1)).reshape(())
+    z = np.abs(x)
+    z /= _SQRT2
+    t = 0.5 * z
+    t += 1.0
+    np.divide(1.0, t, out=t)
+    # Horner's rule in place: the same operations, in the same order, as the nested expression
+    # -1.26551223 + t * (1.00002368 + t * (... + t * 0.17087277))
+    poly = t * 0.17087277
+    for c in _ERFC_COEFFS:
+        poly += c
+        poly *= t
+    poly += -1.26551223
+    log_erfc = np.log(t)  # log erfc(z), z >= 0
+    z *= z
+    log_erfc -= z
+    log_erfc += poly
+    pos = np.exp(log_erfc)
+    pos *= -0.5
+    np.log1p(pos, out=pos)
+    log_erfc -= _LOG2
+    return np.where(x < 0.0, log_erfc, pos)
+
+
+_ERFC_COEFFS = (-0.82215223, 1.48851587, -1.13520398, 0.27886807, -0.18628806, 0.09678418,
+                0.37409196, 1.00002368)
 
 
 def log_sf(x: np.ndarray) -> np.ndarray:
@@ -169,10 +189,24 @@ class _Data:
     c: np.ndarray
     n_e: np.ndarray
     s1: np.ndarray
+    # censoring points with the same group grid (a group's grid depends only on its exact count
+    # and sum) and the same point give the same terms: computed once, at `c_first`, and spread
+    # back by `c_inverse` (running siblings stand at chunk boundaries, most groups have no
+    # finished response early on, so a fit sees a few distinct points among hundreds)
+    c_first: np.ndarray | None = None
+    c_inverse: np.ndarray | None = None
 
     @property
     def num_groups(self) -> int:
         return len(self.n_e)
+
+    def dedupe_censored(self) -> None:
+        if len(self.c) < 2:
+            return
+        key = np.stack([self.n_e[self.gi_c], self.s1[self.gi_c], self.c], axis=1)
+        _, first, inverse = np.unique(key, axis=0, return_index=True, return_inverse=True)
+        if len(first) < len(self.c):
+            self.c_first, self.c_inverse = first, inverse.reshape(-1)
 
 
 class GroupLengthModel:
@@ -198,6 +232,10 @@ class GroupLengthModel:
         self.x = np.linspace(0.0, log_m, x_points)  # log-length grid for quantiles
         self.max_fit_groups = int(max_fit_groups)
         self.fits = 0
+        # survival on the quantile grid per prompt-effect grid, for the current params: a
+        # group's grid moves only when one of its responses finishes (see `_grid`)
+        self._sx_params: LengthParams | None = None
+        self._sx_cache: dict[bytes, np.ndarray] = {}
 
     # ---- model pieces ---------------------------------------------------------------------------
     @staticmethod
@@ -262,8 +300,13 @@ class GroupLengthModel:
             ll = ll + _segment_sum(self._log_pdf((d.y[:, None] - mu_a[d.gi_e]) / p.sigma, p),
                                    d.gi_e, ll.shape[0])
         if len(d.c):
-            ll = ll + _segment_sum(self._log_sf((d.c[:, None] - mu_a[d.gi_c]) / p.sigma, p),
-                                   d.gi_c, ll.shape[0])
+            if d.c_first is None:
+                terms = self._log_sf((d.c[:, None] - mu_a[d.gi_c]) / p.sigma, p)
+            else:
+                first = d.c_first
+                terms = self._log_sf((d.c[first][:, None] - mu_a[d.gi_c[first]]) / p.sigma,
+                                     p)[d.c_inverse]
+            ll = ll + _segment_sum(terms, d.gi_c, ll.shape[0])
         return ll
 
     # ---- fitting --------------------------------------------------------------------------------
@@ -310,6 +353,7 @@ class GroupLengthModel:
         d = self._data(groups)
         if d.num_groups == 0:
             return self.params
+        d.dedupe_censored()
         f = lambda th: self._neg_log_post(th, d)  # noqa: E731
         # start from the best of: the last fit, the prior, and moments of the data (censoring
         # points taken as lengths); the last fit alone can sit in a local optimum once groups
@@ -339,6 +383,17 @@ class GroupLengthModel:
         w = np.exp(ll - ll.max())
         return a[0], w / w.sum()
 
+    def _survival_grid(self, p: LengthParams, mu_a: np.ndarray) -> np.ndarray:
+        """[X, K]: P(log L > x) on the quantile grid at each prompt effect (cached per params)."""
+        if p != self._sx_params or len(self._sx_cache) > 8192:
+            self._sx_params, self._sx_cache = p, {}
+        key = mu_a.tobytes()
+        s_x = self._sx_cache.get(key)
+        if s_x is None:
+            s_x = np.exp(self._log_sf((self.x[:, None] - mu_a[None, :]) / p.sigma, p))
+            self._sx_cache[key] = s_x
+        return s_x
+
     def remaining_quantile(self, group: GroupState, requests: Sequence[RequestState], q: float,
                            posterior: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
         """Per request: the q-quantile of its remaining tokens (>= 1, <= max_tokens - generated).
@@ -353,7 +408,7 @@ class GroupLengthModel:
         log_c = np.log(n + 0.5)
         s_n = np.exp(self._log_sf((log_c[:, None] - mu_a[None, :]) / p.sigma, p))
         wr = w[None, :] / np.maximum(s_n, 1e-300)  # P(L > x | L > n) weights: [R, K]
-        s_x = np.exp(self._log_sf((self.x[:, None] - mu_a[None, :]) / p.sigma, p))  # [X, K]
+        s_x = self._survival_grid(p, mu_a)  # [X, K]
         surv = wr @ s_x.T  # [R, X]: P(L > e^x | L > n, data) (x below n is > 1: clipped below)
         target = 1.0 - q
         cap = self.max_tokens - n
