@@ -90,10 +90,11 @@ class EmulatedClusterDriver(_DriverBase):
         ctl.start(0.0)
         ctl.dispatch(0.0)
         inf = float("inf")
+        probes = [(k, inst.now, inst.has_work) for k, inst in enumerate(insts)]
         while not ctl.done:
             # the earliest busy instance: (its clock, its index), the lowest index on a tie
-            t_step, i = min([(inst.now(), k) for k, inst in enumerate(insts)
-                             if alive[k] and inst.has_work()], default=(inf, -1))
+            t_step, i = min([(now(), k) for k, now, has_work in probes
+                             if alive[k] and has_work()], default=(inf, -1))
             t_event = pending[0][0] if pending else float("inf")
             if t_event == float("inf") and t_step == float("inf"):
                 if ctl.dispatch(self.end_time) == 0:

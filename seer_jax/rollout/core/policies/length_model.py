@@ -248,7 +248,8 @@ class GroupLengthModel:
     @staticmethod
     def _log_sf(z: np.ndarray, p: LengthParams) -> np.ndarray:
         """log P(log L > c) at z = (c - mu - a) / sigma."""
-        return np.logaddexp(math.log1p(-p.eps) + log_sf(z), math.log(p.eps) + log_sf(z / WIDE))
+        both = log_sf(np.stack([z, z / WIDE]))  # one call for both components
+        return np.logaddexp(math.log1p(-p.eps) + both[0], math.log(p.eps) + both[1])
 
     def _data(self, groups: Sequence[GroupState]) -> _Data:
         gi_e, y, gi_c, c, n_e, s1 = [], [], [], [], [], []
