@@ -224,7 +224,7 @@ class Controller:
         submitted = 0
         held: list[RequestState] = []
         kv_adm = self.policy.kv_admission
-        insts = self.instances
+        resident = [inst.resident_tokens for inst in self.instances]
         while len(self.policy) > 0:
             if not any(s.fits(1, kv_adm) for s in self.slots if s.alive):
                 break
@@ -235,7 +235,7 @@ class Controller:
             slot = choose_instance(
                 self.slots,
                 lambda s, tokens=tokens: -(-tokens // s.page_size),
-                lambda s, rid=rid, gid=gid: insts[s.instance_id].resident_tokens(rid, gid),
+                lambda s, rid=rid, gid=gid: resident[s.instance_id](rid, gid),
                 self.config.balance_threshold,
                 kv_adm,
             )

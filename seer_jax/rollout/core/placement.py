@@ -48,7 +48,9 @@ class InstanceSlot:
             return False
         if self.max_in_flight is not None and self.in_flight >= self.max_in_flight:
             return False
-        return not kv_admission or pages <= self.free_pages
+        # free_pages, inline: placement asks every slot for every chunk
+        return not kv_admission or pages <= (self.total_pages - self.reserved_pages
+                                             - self.blocked_pages)
 
     def pages_for(self, tokens: int) -> int:
         return -(-tokens // self.page_size)

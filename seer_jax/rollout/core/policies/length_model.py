@@ -236,6 +236,10 @@ class GroupLengthModel:
         # group's grid moves only when one of its responses finishes (see `_grid`)
         self._sx_params: LengthParams | None = None
         self._sx_cache: dict[bytes, np.ndarray] = {}
+        # log P(log L > c) rows per (prompt-effect grid, c), for the current params: a group's
+        # posterior and its requests' quantiles ask for the same rows until a request moves on
+        self._sf_rows: dict[bytes, dict[float, np.ndarray]] = {}
+        self._sf_count = 0
 
     # ---- model pieces ---------------------------------------------------------------------------
     @staticmethod
@@ -293,15 +297,19 @@ class GroupLengthModel:
         a = centre[:, None] + scale[:, None] * self.u[None, :]
         return a, np.log(scale * (self.u[1] - self.u[0]))
 
-    def _group_log_joint(self, p: LengthParams, a: np.ndarray, d: _Data) -> np.ndarray:
-        """[num_groups, grid]: log prior of a plus log-likelihood of each group's data at a."""
+    def _group_log_joint(self, p: LengthParams, a: np.ndarray, d: _Data,
+                         cached: bool = False) -> np.ndarray:
+        """[num_groups, grid]: log prior of a plus log-likelihood of each group's data at a.
+        `cached`: one group at the current params; its censored terms come from `_censored_rows`."""
         mu_a = p.mu + a
         ll = -0.5 * (a / p.tau) ** 2 - math.log(p.tau) - _LOG_SQRT_2PI
         if len(d.y):
             ll = ll + _segment_sum(self._log_pdf((d.y[:, None] - mu_a[d.gi_e]) / p.sigma, p),
                                    d.gi_e, ll.shape[0])
         if len(d.c):
-            if d.c_first is None:
+            if cached:
+                terms = self._censored_rows(p, mu_a[0], d.c)
+            elif d.c_first is None:
                 terms = self._log_sf((d.c[:, None] - mu_a[d.gi_c]) / p.sigma, p)
             else:
                 first = d.c_first
@@ -380,14 +388,33 @@ class GroupLengthModel:
             d = _Data(*(np.zeros(0, t) for t in (np.int64, np.float64, np.int64, np.float64)),
                       np.zeros(1), np.zeros(1))
         a, _ = self._grid(p, d)
-        ll = self._group_log_joint(p, a, d)[0]
+        ll = self._group_log_joint(p, a, d, cached=True)[0]
         w = np.exp(ll - ll.max())
         return a[0], w / w.sum()
 
+    def _use_params(self, p: LengthParams) -> None:
+        """Drop the caches when the params change (or they grow large)."""
+        if p != self._sx_params or len(self._sx_cache) > 8192 or self._sf_count > 200_000:
+            self._sx_params, self._sx_cache = p, {}
+            self._sf_rows, self._sf_count = {}, 0
+
+    def _censored_rows(self, p: LengthParams, mu_a: np.ndarray, c: np.ndarray) -> np.ndarray:
+        """[len(c), K]: `_log_sf((c - mu_a) / sigma)`, row by row from a cache."""
+        self._use_params(p)
+        values = c.tolist()
+        if not values:
+            return np.zeros((0, len(mu_a)))
+        cache = self._sf_rows.setdefault(mu_a.tobytes(), {})
+        missing = [v for v in dict.fromkeys(values) if v not in cache]
+        if missing:
+            rows = self._log_sf((np.asarray(missing)[:, None] - mu_a[None, :]) / p.sigma, p)
+            cache.update(zip(missing, rows, strict=True))
+            self._sf_count += len(missing)
+        return np.stack([cache[v] for v in values])
+
     def _survival_grid(self, p: LengthParams, mu_a: np.ndarray) -> np.ndarray:
         """[X, K]: P(log L > x) on the quantile grid at each prompt effect (cached per params)."""
-        if p != self._sx_params or len(self._sx_cache) > 8192:
-            self._sx_params, self._sx_cache = p, {}
+        self._use_params(p)
         key = mu_a.tobytes()
         s_x = self._sx_cache.get(key)
         if s_x is None:
@@ -407,7 +434,7 @@ class GroupLengthModel:
         n = np.array([max(0, r.known_generated) for r in requests], dtype=np.float64)
         # survival of each request at its own progress, per grid point: [R, K]
         log_c = np.log(n + 0.5)
-        s_n = np.exp(self._log_sf((log_c[:, None] - mu_a[None, :]) / p.sigma, p))
+        s_n = np.exp(self._censored_rows(p, mu_a, log_c))
         wr = w[None, :] / np.maximum(s_n, 1e-300)  # P(L > x | L > n) weights: [R, K]
         s_x = self._survival_grid(p, mu_a)  # [X, K]
         surv = wr @ s_x.T  # [R, X]: P(L > e^x | L > n, data) (x below n is > 1: clipped below)
