@@ -66,3 +66,18 @@ def test_fit_with_deduplicated_censoring_equals_the_plain_fit(monkeypatch):
             assert np.array_equal(a, b)
             assert np.array_equal(a, fast.remaining_quantile(g, reqs, 0.9))
             assert np.array_equal(a, plain.remaining_quantile(g, reqs, 0.9))
+
+
+def test_cached_posterior_equals_the_plain_one():
+    groups = _groups_with_shared_censoring_points()
+    model = GroupLengthModel(4096)
+    model.fit(groups)
+    for g in groups[:8]:
+        a, w = model.posterior(g)
+        a2, w2 = model.posterior(g)  # served from the row cache
+        d = model._data([g])
+        grid, _ = model._grid(model.params, d)
+        ll = model._group_log_joint(model.params, grid, d)[0]
+        want = np.exp(ll - ll.max())
+        assert np.array_equal(a, grid[0]) and np.array_equal(a2, a)
+        assert np.array_equal(w, want / want.sum()) and np.array_equal(w2, w)
