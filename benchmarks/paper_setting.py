@@ -15,6 +15,7 @@ distributions are the presets' synthetic ones (assumed, not the paper's data).
 
     .venv/bin/python benchmarks/paper_setting.py --json benchmarks/results/paper_setting.json
         [--workloads moonlight,kimi-k2] [--no-spec]
+    .venv/bin/python benchmarks/paper_setting.py --costs-only   # the MoE cost table
 
 Rows per workload: group_round_robin, seer, and seer + grouped SD (`--no-spec` leaves it out);
 gain = tokens/s over group_round_robin's - 1, tail reduction = 1 - tail / its tail (tail: the
@@ -112,12 +113,40 @@ def print_table(results: dict) -> None:
                   f"{row['tail_s']:,.0f} | {gain} | {tail} | {'' if base else paper} |")
 
 
+def cost_table() -> dict:
+    """Per MoE model: parameters from its shapes, KV bytes per token, and the weight bytes a
+    decode step reads per instance at several batch sizes (one H800; Kimi-K2 at EP 256)."""
+    from seer_jax.costs import RooflineCostModel, get_accelerator, get_model
+
+    out = {}
+    print("\n| model | total params | active | shared | KV bytes/token | EP | "
+          "weights read per step at batch 1 / 8 / 64 / 256 (GB) |")
+    print("|---|---|---|---|---|---|---|")
+    for name, ep in [("qwen3-30b-a3b", 1), ("qwen3-235b-a22b", 1), ("moonlight-16b-a3b", 1),
+                     ("kimi-k2", 256)]:
+        m = get_model(name)
+        roof = RooflineCostModel(m, get_accelerator("h800"), expert_parallel=ep)
+        reads = {b: roof.weight_bytes_read(b) for b in (1, 8, 64, 256)}
+        out[name] = {"total_params": m.total_params, "active_params": m.active_params,
+                     "shared_params": m.shared_params, "kv_bytes_per_token": m.kv_bytes_per_token,
+                     "expert_parallel": ep, "weight_bytes_read": reads}
+        print(f"| {name} | {m.total_params / 1e9:,.1f}B | {m.active_params / 1e9:.2f}B | "
+              f"{m.shared_params / 1e9:.2f}B | {m.kv_bytes_per_token:,.0f} | {ep} | "
+              + " / ".join(f"{v / 1e9:.1f}" for v in reads.values()) + " |")
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--workloads", default="moonlight,qwen2-vl-72b,kimi-k2")
     ap.add_argument("--no-spec", action="store_true", help="leave out seer + grouped SD")
     ap.add_argument("--json", default="")
+    ap.add_argument("--costs-only", action="store_true",
+                    help="print the MoE cost table (parameters, KV, weights read) and stop")
     args = ap.parse_args()
+    if args.costs_only:
+        cost_table()
+        return 0
     names = [n.strip() for n in args.workloads.split(",") if n.strip()]
     for n in names:
         if n not in SETTINGS:
