@@ -51,6 +51,7 @@ BASELINE = "group_round_robin"
 def paper_config(name: str):
     path, gpus, per_instance, prompts, samples, max_tokens = SETTINGS[name]
     cfg = load_config_file(ROOT / path)
+    cfg.policies = f"seer,{BASELINE}"
     cfg.cluster.chips_per_instance = per_instance
     cfg.cluster.num_instances = gpus // per_instance
     w = cfg.workload
@@ -151,6 +152,7 @@ def main() -> int:
     for n in names:
         if n not in SETTINGS:
             raise SystemExit(f"unknown workload {n!r}; known: {sorted(SETTINGS)}")
+    info = run_info()  # the commit this ran at (taken first: the tree may change meanwhile)
     t0 = time.perf_counter()
     results = {}
     for n in names:
@@ -164,7 +166,7 @@ def main() -> int:
     summary["paper"] = PAPER
     summary["seconds"] = time.perf_counter() - t0
     if args.json:
-        out = {"summary": summary, "workloads": results, "run": run_info()}
+        out = {"summary": summary, "workloads": results, "run": info}
         path = pathlib.Path(args.json)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(out, indent=1, default=float))
