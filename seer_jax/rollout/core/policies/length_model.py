@@ -170,10 +170,12 @@ def request_observation(req: RequestState, max_tokens: int) -> tuple[str, float]
     return None
 
 
-def _segment_sum(v: np.ndarray, seg: np.ndarray, num: int) -> np.ndarray:
-    """Rows of v [N, K] summed by their (sorted, non-decreasing) segment ids into [num, K]."""
+def _segment_sum(v: np.ndarray, seg: np.ndarray, num: int,
+                 index: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
+    """Rows of v [N, K] summed by their (sorted, non-decreasing) segment ids into [num, K].
+    `index`: `np.unique(seg, return_index=True)` if already known."""
     out = np.zeros((num, v.shape[1]))
-    ids, starts = np.unique(seg, return_index=True)
+    ids, starts = np.unique(seg, return_index=True) if index is None else index
     out[ids] = np.add.reduceat(v, starts, axis=0)
     return out
 
@@ -195,6 +197,15 @@ class _Data:
     # finished response early on, so a fit sees a few distinct points among hundreds)
     c_first: np.ndarray | None = None
     c_inverse: np.ndarray | None = None
+    _segments: dict = dataclasses.field(default_factory=dict)
+
+    def segments(self, seg: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """`np.unique(seg, return_index=True)` of gi_e or gi_c, computed once (a fit sums by
+        the same segments at every evaluation)."""
+        key = id(seg)
+        if key not in self._segments:
+            self._segments[key] = (seg, np.unique(seg, return_index=True))
+        return self._segments[key][1]
 
     @property
     def num_groups(self) -> int:
@@ -305,7 +316,7 @@ class GroupLengthModel:
         ll = -0.5 * (a / p.tau) ** 2 - math.log(p.tau) - _LOG_SQRT_2PI
         if len(d.y):
             ll = ll + _segment_sum(self._log_pdf((d.y[:, None] - mu_a[d.gi_e]) / p.sigma, p),
-                                   d.gi_e, ll.shape[0])
+                                   d.gi_e, ll.shape[0], d.segments(d.gi_e))
         if len(d.c):
             if cached:
                 terms = self._censored_rows(p, mu_a[0], d.c)
@@ -315,7 +326,7 @@ class GroupLengthModel:
                 first = d.c_first
                 terms = self._log_sf((d.c[first][:, None] - mu_a[d.gi_c[first]]) / p.sigma,
                                      p)[d.c_inverse]
-            ll = ll + _segment_sum(terms, d.gi_c, ll.shape[0])
+            ll = ll + _segment_sum(terms, d.gi_c, ll.shape[0], d.segments(d.gi_c))
         return ll
 
     # ---- fitting --------------------------------------------------------------------------------
