@@ -17,6 +17,14 @@ trip count (`hardware.hlo_bytes`: a fusion operand used only through slices coun
 slices' bytes, each kernel call at its own estimate); with the instructions that move the most.
 `--bytes-only` runs part 2 alone.
 
+Mixtures of experts: `--deploy FILE[,FILE]` adds deployment configs (configs/*.py) to part 1,
+named by their file; their model config's `cost_spec()` must give the MoE/MLA `ModelSpec`
+(`seer_jax.costs.spec_from_hf_config` builds one from the architecture fields). The roofline
+then reads the shared weights plus the distinct experts the step's tokens hit
+(`expected_distinct_experts`); each row also carries `costs_py_all_experts_s`, the roofline
+with every expert read, since a grouped matmul over dynamic group sizes may be counted by the
+compiler as reading all of them. The 25% agreement is checked on `ratio_compiled_over_costs_py`.
+
 Pallas kernels count through their pl.CostEstimate: on TPU the compiler's cost_analysis reads it
 from the Mosaic call; on GPU XLA's cost analysis counts a Triton call as nothing, so the kernels'
 estimates recorded while tracing are added (`hardware.step.step_cost`).
@@ -80,10 +88,13 @@ def roofline_point(name, cfg, target, impl, batch, context, prefill=0) -> dict:
     kv_read = prefill if prefill else batch * context  # KV tokens the step reads
     model = {"flops": roof.step_flops(1 if prefill else batch, tokens, kv_read),
              "bytes_accessed": roof.step_bytes(tokens, kv_read)}
+    all_experts = dict(model, bytes_accessed=model["bytes_accessed"]
+                       - roof.weight_bytes_read(tokens) + roof.weight_bytes_stored())
     t = lambda c: max(c["bytes_accessed"] / spec.hbm_bytes_per_s, c["flops"] / spec.peak_flops)
-    return {"model": name, "target": target, "impl": impl,
+    return {"model": name, "target": target, "impl": impl, "moe": roof.model.is_moe,
             "step": f"prefill {prefill}" if prefill else f"decode b{batch} ctx{context}",
             "costs_py": model, "compiled": comp, "costs_py_s": t(model), "compiled_s": t(comp),
+            "costs_py_all_experts_s": t(all_experts),
             "ratio_compiled_over_costs_py": t(comp) / t(model)}
 
 
@@ -120,9 +131,13 @@ def main() -> int:
     ap.add_argument("--bytes-only", action="store_true",
                     help="part 2 only (bytes accessed against weights + KV)")
     ap.add_argument("--json", default="", help="write the results here")
+    ap.add_argument("--deploy", default="", help="comma-separated deployment configs to add "
+                    "(e.g. MoE ones), named by their file stem")
     args = ap.parse_args()
     t0 = time.perf_counter()
     cfgs = {n: model_config(load_config_file(CONFIGS / f)) for n, f in MODELS.items()}
+    for f in filter(None, args.deploy.split(",")):
+        cfgs[pathlib.Path(f).stem] = model_config(load_config_file(f))
     targets = args.targets.split(",")
     grid = [(b, c) for b in (1, 32, 256) for c in (1024, 8192, 32768)]
     if args.quick:

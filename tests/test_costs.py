@@ -12,9 +12,11 @@ from seer_jax.costs import (
     ProfileCostModel,
     RooflineCostModel,
     StepProfile,
+    expected_distinct_experts,
     get_accelerator,
     get_model,
     profile_from_cost_model,
+    spec_from_hf_config,
 )
 from seer_jax.errors import ConfigError
 
@@ -85,7 +87,8 @@ def test_speculation_is_cheap_at_small_batch_and_costly_at_large():
 def test_moe_reads_fewer_weights_at_small_batch():
     cm = _roofline("moonlight", "h800", chips=8)
     assert cm.weight_bytes_read(1) < 0.5 * cm.weight_bytes_read(4096)
-    assert cm.weight_bytes_read(100000) == pytest.approx(16.0e9 * 2, rel=1e-3)
+    assert cm.weight_bytes_read(100000) == pytest.approx(get_model("moonlight").total_params * 2,
+                                                         rel=1e-3)
 
 
 def test_kv_capacity():
@@ -179,3 +182,60 @@ def test_profile_fit_is_isotonic_and_keeps_the_total_of_noisy_steps():
     assert preds == sorted(preds)
     total = sum(r[4] for r in rows)
     assert sum(prof.predict(r[0], r[1] + r[2], r[3]) for r in rows) == pytest.approx(total, rel=0.02)
+
+
+def test_distinct_experts_match_a_monte_carlo():
+    rng = np.random.default_rng(0)
+    for e, k, b in [(128, 8, 1), (128, 8, 16), (64, 6, 4), (384, 8, 64)]:
+        # each token picks k distinct experts of e: the k smallest of e uniform draws
+        picks = np.argsort(rng.random((400, b, e)), axis=-1)[..., :k]
+        hit = np.zeros((400, e), dtype=bool)
+        np.put_along_axis(hit, picks.reshape(400, b * k), True, axis=1)
+        mc = hit.sum(axis=1).mean()
+        assert expected_distinct_experts(e, k, b) == pytest.approx(mc, rel=0.02), (e, k, b)
+    assert expected_distinct_experts(128, 8, 1) == 8
+    assert expected_distinct_experts(128, 8, 10**6) == pytest.approx(128)
+
+
+@pytest.mark.parametrize("name, total, active", [
+    ("qwen3-30b-a3b", 30.5e9, 3.3e9), ("qwen3-235b-a22b", 235e9, 22e9),
+    ("moonlight-16b-a3b", 16e9, 3e9), ("kimi-k2", 1.04e12, 32.6e9)])
+def test_moe_params_from_shapes_match_published_totals(name, total, active):
+    m = get_model(name)
+    # published totals are rounded (Moonlight "16B / 3B", Kimi-K2 "1.04T / 32.6B")
+    assert m.total_params == pytest.approx(total, rel=0.03)
+    assert m.active_params == pytest.approx(active, rel=0.04)
+    assert m.shared_params < m.active_params < m.total_params
+    routed = m.num_moe_layers * m.num_experts * m.params_per_expert
+    assert m.total_params - m.shared_params == pytest.approx(routed, rel=1e-12)
+
+
+def test_mla_cache_and_attention_flops():
+    k2 = get_model("kimi-k2")
+    assert k2.kv_bytes_per_token == 61 * (512 + 64) * 2  # latent + RoPE key, bf16
+    # absorbed MLA, per pair and head: 576-wide scores, 512-wide weighted sum
+    assert k2.attn_flops_per_pair == 2 * 61 * 64 * (576 + 512)
+    assert get_model("qwen3-30b-a3b").kv_bytes_per_token == 2 * 48 * 4 * 128 * 2
+    hf = {"model_type": "deepseek_v3", "num_hidden_layers": 27, "hidden_size": 2048,
+          "num_attention_heads": 16, "kv_lora_rank": 512, "q_lora_rank": None,
+          "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128,
+          "n_routed_experts": 64, "num_experts_per_tok": 6, "n_shared_experts": 2,
+          "moe_intermediate_size": 1408, "intermediate_size": 11264,
+          "first_k_dense_replace": 1, "vocab_size": 163840}
+    assert spec_from_hf_config(hf, "moonlight-16b-a3b") == get_model("moonlight")
+    with pytest.raises(ConfigError, match="model_type 'gpt_oss'"):
+        spec_from_hf_config({"model_type": "gpt_oss"})
+
+
+@pytest.mark.parametrize("name, ep", [("kimi-k2", 256), ("kimi-k2", 1), ("qwen3-30b-a3b", 1),
+                                      ("moonlight", 1)])
+def test_moe_weight_reads_and_step_time_grow_with_batch(name, ep):
+    cm = _roofline(name, "h800", chips=1 if ep > 1 else 8, expert_parallel=ep)
+    m = cm.model
+    # one token (ep = 1) reads the shared weights and exactly k experts per MoE layer
+    if ep == 1:
+        assert cm.weight_bytes_read(1) == pytest.approx(m.active_params * 2, rel=1e-12)
+    reads = [cm.weight_bytes_read(b) for b in (1, 2, 8, 64, 512, 4096)]
+    assert reads == sorted(reads) and reads[-1] <= cm.weight_bytes_stored() * (1 + 1e-12)
+    times = [cm.spec_step_time(b, 0, b * 4096) for b in (1, 2, 4, 16, 64, 128, 256, 512)]
+    assert all(a < b for a, b in zip(times, times[1:], strict=False)), times

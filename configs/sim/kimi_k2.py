@@ -1,6 +1,12 @@
 """Kimi-K2-shaped rollout iteration (Seer paper): 800 prompts x G=8, max 98,304 tokens,
 256 H800 GPUs, one instance per GPU (data-parallel attention, routed experts sharded over all
-256 GPUs: expert_parallel=256)."""
+256 GPUs: expert_parallel=256).
+
+Step costs come from Kimi-K2's real shapes (`seer_jax.costs`, model "kimi-k2": 61 layers, MLA
+with a 512 + 64-wide latent cache per token-layer, 384 routed experts top-8 plus one shared):
+each step reads the shared weights and the distinct local experts that the EP group's tokens hit.
+`benchmarks/paper_setting.py` runs it against the veRL-style baseline beside the paper's numbers.
+"""
 
 from seer_jax.sim.config import default_config, preset_workload_fields
 

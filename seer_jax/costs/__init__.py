@@ -5,8 +5,10 @@ kv_tokens_read) -> seconds` (the function `sim.instance.SimulatedInstance` takes
 
 - `RooflineCostModel`: a roofline of one mesh slice (an instance). A step reads the weights it
   touches plus the KV it attends over from HBM, and does 2·active_params FLOPs per token plus the
-  attention FLOPs; its time is the larger of bytes / HBM bandwidth and FLOPs / peak (each derated
-  by an achievable fraction), plus a fixed per-step overhead and a small per-sequence overhead.
+  attention FLOPs (a mixture of experts reads its shared weights and each routed expert the
+  batch hits once: `expected_distinct_experts`; MLA attends over its latent cache, absorbed);
+  its time is the larger of bytes / HBM bandwidth and FLOPs / peak (each derated by an
+  achievable fraction), plus a fixed per-step overhead and a small per-sequence overhead.
   Accelerator presets are per chip; a slice has `chips` of them.
 - `ProfileCostModel`: calibrated from a step-time profile measured on the real engine
   (`seer-jax bench --profile`), see `StepProfile` for the JSON schema.
@@ -37,7 +39,14 @@ from seer_jax.costs.profile import (
     profile_from_cost_model,
 )
 from seer_jax.costs.roofline import RooflineCostModel
+from seer_jax.costs.spec import (
+    expected_distinct_experts,
+    gqa_moe_spec,
+    mla_moe_spec,
+    spec_from_hf_config,
+)
 
 __all__ = ["ACCELERATORS", "GIB", "MODELS", "PROFILE_SCHEMA", "AcceleratorSpec", "ModelSpec",
            "ProfileCostModel", "ProfilePoint", "RooflineCostModel", "StepProfile",
-           "get_accelerator", "get_model", "profile_from_cost_model"]
+           "expected_distinct_experts", "get_accelerator", "get_model", "gqa_moe_spec",
+           "mla_moe_spec", "profile_from_cost_model", "spec_from_hf_config"]

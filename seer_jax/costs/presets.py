@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from seer_jax.costs.spec import ModelSpec, gqa_moe_spec, mla_moe_spec
 from seer_jax.errors import ConfigError
 
 GIB = 1024**3
@@ -50,37 +51,6 @@ def get_accelerator(name: str) -> AcceleratorSpec:
     return ACCELERATORS[key]
 
 
-@dataclasses.dataclass(frozen=True)
-class ModelSpec:
-    """What a step costs per token for one model.
-
-    `shared_params` are the parameters every token uses (attention, embeddings, dense FFNs and
-    shared experts); for a dense model it equals `total_params`. The routed experts hold the rest,
-    of which a token activates `active_params - shared_params`. `kv_elems_per_layer` is the number
-    of cached elements per token per layer (2·kv_heads·head_dim for GQA, the latent width for MLA).
-    Attention FLOPs use `num_q_heads · attn_head_dim` per (query, key) pair per layer.
-    """
-
-    name: str
-    total_params: float
-    active_params: float
-    shared_params: float
-    num_layers: int
-    num_q_heads: int
-    attn_head_dim: int
-    kv_elems_per_layer: int
-    bytes_per_param: float = 2.0
-    kv_bytes_per_elem: float = 2.0
-
-    @property
-    def is_moe(self) -> bool:
-        return self.total_params > self.active_params
-
-    @property
-    def kv_bytes_per_token(self) -> float:
-        return self.num_layers * self.kv_elems_per_layer * self.kv_bytes_per_elem
-
-
 def _gqa(kv_heads: int, head_dim: int) -> int:
     return 2 * kv_heads * head_dim
 
@@ -91,12 +61,25 @@ MODELS: dict[str, ModelSpec] = {
     "llama-3-8b": ModelSpec("llama-3-8b", 8.03e9, 8.03e9, 8.03e9, 32, 32, 128, _gqa(8, 128)),
     "qwen2.5-7b": ModelSpec("qwen2.5-7b", 7.62e9, 7.62e9, 7.62e9, 28, 28, 128, _gqa(4, 128)),
     "qwen2-vl-72b": ModelSpec("qwen2-vl-72b", 72.7e9, 72.7e9, 72.7e9, 80, 64, 128, _gqa(8, 128)),
+    # Mixtures of experts, their parameters computed from the real architecture shapes.
+    "qwen3-30b-a3b": gqa_moe_spec(
+        "qwen3-30b-a3b", num_layers=48, hidden=2048, num_q_heads=32, num_kv_heads=4,
+        head_dim=128, num_experts=128, experts_per_tok=8, moe_intermediate=768, vocab=151936),
+    "qwen3-235b-a22b": gqa_moe_spec(
+        "qwen3-235b-a22b", num_layers=94, hidden=4096, num_q_heads=64, num_kv_heads=4,
+        head_dim=128, num_experts=128, experts_per_tok=8, moe_intermediate=1536, vocab=151936),
     # DeepSeek-V3-style MoE with MLA: the cache holds a 512-wide latent + 64 RoPE dims per layer;
-    # attention runs in the absorbed form over 576-wide keys.
-    "moonlight-16b-a3b": ModelSpec(
-        "moonlight-16b-a3b", 16.0e9, 3.0e9, 1.6e9, 27, 16, 576, 576
-    ),
-    "kimi-k2": ModelSpec("kimi-k2", 1.04e12, 32.6e9, 11.5e9, 61, 64, 576, 576),
+    # attention runs in the absorbed form over 576-wide keys and 512-wide values.
+    "moonlight-16b-a3b": mla_moe_spec(
+        "moonlight-16b-a3b", num_layers=27, hidden=2048, num_heads=16, kv_lora_rank=512,
+        q_lora_rank=None, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128,
+        num_experts=64, experts_per_tok=6, num_shared_experts=2, moe_intermediate=1408,
+        intermediate=11264, first_k_dense_replace=1, vocab=163840),
+    "kimi-k2": mla_moe_spec(
+        "kimi-k2", num_layers=61, hidden=7168, num_heads=64, kv_lora_rank=512,
+        q_lora_rank=1536, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128,
+        num_experts=384, experts_per_tok=8, num_shared_experts=1, moe_intermediate=2048,
+        intermediate=18432, first_k_dense_replace=1, vocab=163840),
 }
 
 _MODEL_ALIASES = {
@@ -108,6 +91,9 @@ _MODEL_ALIASES = {
     "qwen2-vl-72b-instruct": "qwen2-vl-72b",
     "kimi-k2-instruct": "kimi-k2",
     "kimi-k2-1t-a32b": "kimi-k2",
+    "moonlight-16b-a3b-instruct": "moonlight-16b-a3b",
+    "qwen3-30b-a3b-instruct": "qwen3-30b-a3b",
+    "qwen3-235b-a22b-instruct": "qwen3-235b-a22b",
 }
 
 

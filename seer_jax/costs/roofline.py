@@ -1,5 +1,6 @@
 """The roofline step-time model of one mesh slice (`RooflineCostModel`): a step reads the
-weights it touches plus the KV it attends over from HBM and does 2·active_params FLOPs per token
+weights it touches (for a mixture of experts: the shared weights and the distinct experts the
+batch hits) plus the KV it attends over from HBM and does 2·active_params FLOPs per token
 plus the attention FLOPs; its time is the larger of bytes / HBM bandwidth and FLOPs / peak, plus
 fixed overheads. Also its KV capacity and pool transfer time."""
 
@@ -8,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 
 from seer_jax.costs.presets import GIB, AcceleratorSpec, ModelSpec
+from seer_jax.costs.spec import expected_distinct_experts
 from seer_jax.errors import ConfigError
 
 
@@ -74,29 +76,33 @@ class RooflineCostModel:
     def weight_bytes_read(self, num_tokens: float) -> float:
         """Weight bytes one step reads for `num_tokens` tokens of this instance.
 
-        Dense: all weights. MoE: shared weights plus the expected fraction of the (locally stored)
-        routed experts touched by the EP group's tokens, 1 − (1 − a)^tokens with a the fraction
-        of routed parameters one token activates (uniform routing).
+        Dense: all weights. MoE: the shared weights, plus each routed expert stored here that the
+        EP group's tokens (ep × num_tokens, routed uniformly) touch, read once: per MoE layer
+        (E/ep)·(1 − (1 − k/E)^(ep·tokens)) of the E/ep local experts. Without an expert layout
+        the experts are one pool of which a token touches the fraction (active − shared) /
+        (total − shared).
         """
         m = self.model
         if not m.is_moe or self._expert_params <= 0:
             return m.total_params * m.bytes_per_param
+        ep = self.expert_parallel
+        tokens = max(num_tokens, 0.0) * ep
+        if m.has_expert_layout:
+            touched = expected_distinct_experts(m.num_experts, m.experts_per_tok, tokens) / ep
+            return (m.shared_params + m.num_moe_layers * touched * m.params_per_expert
+                    ) * m.bytes_per_param
         frac = (m.active_params - m.shared_params) / self._expert_params
-        tokens = max(num_tokens, 0.0) * self.expert_parallel
         touched = 1.0 - (1.0 - frac) ** tokens
-        return (m.shared_params + touched * self._expert_params / self.expert_parallel) * (
-            m.bytes_per_param
-        )
+        return (m.shared_params + touched * self._expert_params / ep) * m.bytes_per_param
 
     def step_flops(self, batch_size: int, num_tokens: float, kv_tokens_read: float) -> float:
         m = self.model
-        dense = 2.0 * m.active_params * num_tokens
+        dense = 2.0 * m.matmul_params * num_tokens
         # Each query token attends over its sequence's context: num_tokens / batch_size queries per
         # sequence, each over (on average) kv_tokens_read / batch_size keys.
         q_per_seq = num_tokens / max(batch_size, 1)
         pairs = kv_tokens_read * q_per_seq
-        attn = 4.0 * m.num_layers * m.num_q_heads * m.attn_head_dim * pairs
-        return dense + attn
+        return dense + m.attn_flops_per_pair * pairs
 
     def step_bytes(self, num_tokens: float, kv_tokens_read: float) -> float:
         kv = kv_tokens_read * self.model.kv_bytes_per_token * self.kv_replicas

@@ -224,14 +224,18 @@ class Controller:
         submitted = 0
         held: list[RequestState] = []
         kv_adm = self.policy.kv_admission
+        resident = [inst.resident_tokens for inst in self.instances]
         while len(self.policy) > 0:
             if not any(s.fits(1, kv_adm) for s in self.slots if s.alive):
                 break
             req = self.policy.pop()
+            # the chunk's worst-case context, once per request (the same on every slot)
+            tokens = len(req.prompt_ids) + req.generated + self._chunk_budget(req)
+            rid, gid = req.request_id, req.group_id
             slot = choose_instance(
                 self.slots,
-                lambda s, req=req: self._chunk_pages(req, s),
-                lambda s, req=req: self._resident(req, s),
+                lambda s, tokens=tokens: -(-tokens // s.page_size),
+                lambda s, rid=rid, gid=gid: resident[s.instance_id](rid, gid),
                 self.config.balance_threshold,
                 kv_adm,
             )
@@ -416,9 +420,6 @@ class Controller:
 
     def _chunk_pages(self, req: RequestState, slot: InstanceSlot) -> int:
         return slot.pages_for(len(req.prompt_ids) + req.generated + self._chunk_budget(req))
-
-    def _resident(self, req: RequestState, slot: InstanceSlot) -> int:
-        return self.instances[slot.instance_id].resident_tokens(req.request_id, req.group_id)
 
     def _submit(self, slot: InstanceSlot, req: RequestState, now: float) -> bool:
         budget = self._chunk_budget(req)

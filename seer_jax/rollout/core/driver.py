@@ -89,15 +89,33 @@ class EmulatedClusterDriver(_DriverBase):
         seq = 0
         ctl.start(0.0)
         ctl.dispatch(0.0)
+        inf = float("inf")
+        # (clock, index) of each busy instance, None for an idle or lost one. A step changes
+        # only its own instance's entry; a controller call (results, dispatch, a loss) may
+        # submit anywhere, so every entry is read again after one.
+        probes = [(inst.now, inst.has_work) for inst in insts]
+        keys: list[tuple[float, int] | None] = [None] * len(insts)
+
+        def probe(k: int) -> None:
+            now, has_work = probes[k]
+            keys[k] = (now(), k) if alive[k] and has_work() else None
+
+        stale = True
         while not ctl.done:
-            busy = [i for i, inst in enumerate(insts) if alive[i] and insts[i].has_work()]
-            t_step = min((insts[i].now() for i in busy), default=float("inf"))
+            if stale:
+                for k in range(len(insts)):
+                    probe(k)
+                stale = False
+            # the earliest busy instance: (its clock, its index), the lowest index on a tie
+            t_step, i = min([key for key in keys if key is not None], default=(inf, -1))
             t_event = pending[0][0] if pending else float("inf")
             if t_event == float("inf") and t_step == float("inf"):
+                stale = True
                 if ctl.dispatch(self.end_time) == 0:
                     raise self._stalled()
                 continue
             if t_event <= t_step:
+                stale = True
                 now = t_event
                 while pending and pending[0][0] == now:
                     _, _, iid, results = heapq.heappop(pending)
@@ -108,17 +126,18 @@ class EmulatedClusterDriver(_DriverBase):
                 ctl.dispatch(now - origin)
                 self.end_time = max(self.end_time, now - origin)
                 continue
-            i = min(busy, key=lambda k: (insts[k].now(), k))
             inst = insts[i]
             try:
                 rep = inst.step()
             except InstanceLostError:
+                stale = True
                 alive[i] = False
                 now = inst.now()
                 self.timelines[i].lost_at = now - origin
                 ctl.on_instance_lost(i, now - origin)
                 ctl.dispatch(now - origin)
                 continue
+            probe(i)
             t_end = inst.now()
             self.timelines[i].record(rep, t_end - origin)
             self.end_time = max(self.end_time, t_end - origin)
@@ -127,6 +146,7 @@ class EmulatedClusterDriver(_DriverBase):
                 heapq.heappush(pending, (t_end, seq, i, rep.finished))
             # a lost flag set without raising
             if getattr(inst, "lost", False) and alive[i]:
+                stale = True
                 alive[i] = False
                 self.timelines[i].lost_at = t_end - origin
                 ctl.on_instance_lost(i, t_end - origin)

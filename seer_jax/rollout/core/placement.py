@@ -48,7 +48,9 @@ class InstanceSlot:
             return False
         if self.max_in_flight is not None and self.in_flight >= self.max_in_flight:
             return False
-        return not kv_admission or pages <= self.free_pages
+        # free_pages, inline: placement asks every slot for every chunk
+        return not kv_admission or pages <= (self.total_pages - self.reserved_pages
+                                             - self.blocked_pages)
 
     def pages_for(self, tokens: int) -> int:
         return -(-tokens // self.page_size)
@@ -72,9 +74,22 @@ def choose_instance(
         return None
     if len(candidates) == 1:
         return candidates[0]
-    if balanced:
-        return min(candidates, key=lambda s: (-resident_tokens(s), s.in_flight, s.instance_id))
-    return min(candidates, key=lambda s: (s.in_flight, -resident_tokens(s), s.instance_id))
+    # The lexicographic minimum of the keys below, in passes: the first key's best, then the
+    # next key among those only (resident_tokens is asked only where it can decide).
+    if balanced:  # (-resident_tokens, in_flight, instance_id)
+        res = [resident_tokens(s) for s in candidates]
+        most = max(res)
+        best = [s for s, r in zip(candidates, res, strict=True) if r == most]
+        return min(best, key=lambda s: (s.in_flight, s.instance_id))
+    # (in_flight, -resident_tokens, instance_id)
+    fewest = min(s.in_flight for s in candidates)
+    best = [s for s in candidates if s.in_flight == fewest]
+    if len(best) == 1:
+        return best[0]
+    res = [resident_tokens(s) for s in best]
+    most = max(res)
+    return min((s for s, r in zip(best, res, strict=True) if r == most),
+               key=lambda s: s.instance_id)
 
 
 def least_loaded_order(slots: Sequence[InstanceSlot]) -> list[InstanceSlot]:

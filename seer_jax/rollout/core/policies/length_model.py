@@ -50,13 +50,33 @@ _LOG_SQRT_2PI = 0.5 * math.log(2.0 * math.pi)
 def log_ndtr(x: np.ndarray) -> np.ndarray:
     """log Phi(x) of the standard normal CDF, elementwise, accurate in both tails."""
     x = np.asarray(x, dtype=np.float64)
-    z = np.abs(x) / _SQRT2
-    t = 1.0 / (1.0 + 0.5 * z)
-    poly = -1.26551223 + t * (1.00002368 + t * (0.37409196 + t * (0.09678418 + t * (
-        -0.18628806 + t * (0.27886807 + t * (-1.13520398 + t * (1.48851587 + t * (
-            -0.82215223 + t * 0.17087277))))))))
-    log_erfc = np.log(t) - z * z + poly  # log erfc(z), z >= 0
-    return np.where(x < 0.0, log_erfc - _LOG2, np.log1p(-0.5 * np.exp(log_erfc)))
+    if x.ndim == 0:
+        return log_ndtr(x.reshape(1)).reshape(())
+    z = np.abs(x)
+    z /= _SQRT2
+    t = 0.5 * z
+    t += 1.0
+    np.divide(1.0, t, out=t)
+    # Horner's rule in place: the same operations, in the same order, as the nested expression
+    # -1.26551223 + t * (1.00002368 + t * (... + t * 0.17087277))
+    poly = t * 0.17087277
+    for c in _ERFC_COEFFS:
+        poly += c
+        poly *= t
+    poly += -1.26551223
+    log_erfc = np.log(t)  # log erfc(z), z >= 0
+    z *= z
+    log_erfc -= z
+    log_erfc += poly
+    pos = np.exp(log_erfc)
+    pos *= -0.5
+    np.log1p(pos, out=pos)
+    log_erfc -= _LOG2
+    return np.where(x < 0.0, log_erfc, pos)
+
+
+_ERFC_COEFFS = (-0.82215223, 1.48851587, -1.13520398, 0.27886807, -0.18628806, 0.09678418,
+                0.37409196, 1.00002368)
 
 
 def log_sf(x: np.ndarray) -> np.ndarray:
@@ -150,10 +170,12 @@ def request_observation(req: RequestState, max_tokens: int) -> tuple[str, float]
     return None
 
 
-def _segment_sum(v: np.ndarray, seg: np.ndarray, num: int) -> np.ndarray:
-    """Rows of v [N, K] summed by their (sorted, non-decreasing) segment ids into [num, K]."""
+def _segment_sum(v: np.ndarray, seg: np.ndarray, num: int,
+                 index: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
+    """Rows of v [N, K] summed by their (sorted, non-decreasing) segment ids into [num, K].
+    `index`: `np.unique(seg, return_index=True)` if already known."""
     out = np.zeros((num, v.shape[1]))
-    ids, starts = np.unique(seg, return_index=True)
+    ids, starts = np.unique(seg, return_index=True) if index is None else index
     out[ids] = np.add.reduceat(v, starts, axis=0)
     return out
 
@@ -169,10 +191,33 @@ class _Data:
     c: np.ndarray
     n_e: np.ndarray
     s1: np.ndarray
+    # censoring points with the same group grid (a group's grid depends only on its exact count
+    # and sum) and the same point give the same terms: computed once, at `c_first`, and spread
+    # back by `c_inverse` (running siblings stand at chunk boundaries, most groups have no
+    # finished response early on, so a fit sees a few distinct points among hundreds)
+    c_first: np.ndarray | None = None
+    c_inverse: np.ndarray | None = None
+    _segments: dict = dataclasses.field(default_factory=dict)
+
+    def segments(self, seg: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """`np.unique(seg, return_index=True)` of gi_e or gi_c, computed once (a fit sums by
+        the same segments at every evaluation)."""
+        key = id(seg)
+        if key not in self._segments:
+            self._segments[key] = (seg, np.unique(seg, return_index=True))
+        return self._segments[key][1]
 
     @property
     def num_groups(self) -> int:
         return len(self.n_e)
+
+    def dedupe_censored(self) -> None:
+        if len(self.c) < 2:
+            return
+        key = np.stack([self.n_e[self.gi_c], self.s1[self.gi_c], self.c], axis=1)
+        _, first, inverse = np.unique(key, axis=0, return_index=True, return_inverse=True)
+        if len(first) < len(self.c):
+            self.c_first, self.c_inverse = first, inverse.reshape(-1)
 
 
 class GroupLengthModel:
@@ -198,6 +243,14 @@ class GroupLengthModel:
         self.x = np.linspace(0.0, log_m, x_points)  # log-length grid for quantiles
         self.max_fit_groups = int(max_fit_groups)
         self.fits = 0
+        # survival on the quantile grid per prompt-effect grid, for the current params: a
+        # group's grid moves only when one of its responses finishes (see `_grid`)
+        self._sx_params: LengthParams | None = None
+        self._sx_cache: dict[bytes, np.ndarray] = {}
+        # log P(log L > c) rows per (prompt-effect grid, c), for the current params: a group's
+        # posterior and its requests' quantiles ask for the same rows until a request moves on
+        self._sf_rows: dict[bytes, dict[float, np.ndarray]] = {}
+        self._sf_count = 0
 
     # ---- model pieces ---------------------------------------------------------------------------
     @staticmethod
@@ -210,7 +263,8 @@ class GroupLengthModel:
     @staticmethod
     def _log_sf(z: np.ndarray, p: LengthParams) -> np.ndarray:
         """log P(log L > c) at z = (c - mu - a) / sigma."""
-        return np.logaddexp(math.log1p(-p.eps) + log_sf(z), math.log(p.eps) + log_sf(z / WIDE))
+        both = log_sf(np.stack([z, z / WIDE]))  # one call for both components
+        return np.logaddexp(math.log1p(-p.eps) + both[0], math.log(p.eps) + both[1])
 
     def _data(self, groups: Sequence[GroupState]) -> _Data:
         gi_e, y, gi_c, c, n_e, s1 = [], [], [], [], [], []
@@ -254,16 +308,25 @@ class GroupLengthModel:
         a = centre[:, None] + scale[:, None] * self.u[None, :]
         return a, np.log(scale * (self.u[1] - self.u[0]))
 
-    def _group_log_joint(self, p: LengthParams, a: np.ndarray, d: _Data) -> np.ndarray:
-        """[num_groups, grid]: log prior of a plus log-likelihood of each group's data at a."""
+    def _group_log_joint(self, p: LengthParams, a: np.ndarray, d: _Data,
+                         cached: bool = False) -> np.ndarray:
+        """[num_groups, grid]: log prior of a plus log-likelihood of each group's data at a.
+        `cached`: one group at the current params; its censored terms come from `_censored_rows`."""
         mu_a = p.mu + a
         ll = -0.5 * (a / p.tau) ** 2 - math.log(p.tau) - _LOG_SQRT_2PI
         if len(d.y):
             ll = ll + _segment_sum(self._log_pdf((d.y[:, None] - mu_a[d.gi_e]) / p.sigma, p),
-                                   d.gi_e, ll.shape[0])
+                                   d.gi_e, ll.shape[0], d.segments(d.gi_e))
         if len(d.c):
-            ll = ll + _segment_sum(self._log_sf((d.c[:, None] - mu_a[d.gi_c]) / p.sigma, p),
-                                   d.gi_c, ll.shape[0])
+            if cached:
+                terms = self._censored_rows(p, mu_a[0], d.c)
+            elif d.c_first is None:
+                terms = self._log_sf((d.c[:, None] - mu_a[d.gi_c]) / p.sigma, p)
+            else:
+                first = d.c_first
+                terms = self._log_sf((d.c[first][:, None] - mu_a[d.gi_c[first]]) / p.sigma,
+                                     p)[d.c_inverse]
+            ll = ll + _segment_sum(terms, d.gi_c, ll.shape[0], d.segments(d.gi_c))
         return ll
 
     # ---- fitting --------------------------------------------------------------------------------
@@ -310,6 +373,7 @@ class GroupLengthModel:
         d = self._data(groups)
         if d.num_groups == 0:
             return self.params
+        d.dedupe_censored()
         f = lambda th: self._neg_log_post(th, d)  # noqa: E731
         # start from the best of: the last fit, the prior, and moments of the data (censoring
         # points taken as lengths); the last fit alone can sit in a local optimum once groups
@@ -335,9 +399,39 @@ class GroupLengthModel:
             d = _Data(*(np.zeros(0, t) for t in (np.int64, np.float64, np.int64, np.float64)),
                       np.zeros(1), np.zeros(1))
         a, _ = self._grid(p, d)
-        ll = self._group_log_joint(p, a, d)[0]
+        ll = self._group_log_joint(p, a, d, cached=True)[0]
         w = np.exp(ll - ll.max())
         return a[0], w / w.sum()
+
+    def _use_params(self, p: LengthParams) -> None:
+        """Drop the caches when the params change (or they grow large)."""
+        if p != self._sx_params or len(self._sx_cache) > 8192 or self._sf_count > 200_000:
+            self._sx_params, self._sx_cache = p, {}
+            self._sf_rows, self._sf_count = {}, 0
+
+    def _censored_rows(self, p: LengthParams, mu_a: np.ndarray, c: np.ndarray) -> np.ndarray:
+        """[len(c), K]: `_log_sf((c - mu_a) / sigma)`, row by row from a cache."""
+        self._use_params(p)
+        values = c.tolist()
+        if not values:
+            return np.zeros((0, len(mu_a)))
+        cache = self._sf_rows.setdefault(mu_a.tobytes(), {})
+        missing = [v for v in dict.fromkeys(values) if v not in cache]
+        if missing:
+            rows = self._log_sf((np.asarray(missing)[:, None] - mu_a[None, :]) / p.sigma, p)
+            cache.update(zip(missing, rows, strict=True))
+            self._sf_count += len(missing)
+        return np.stack([cache[v] for v in values])
+
+    def _survival_grid(self, p: LengthParams, mu_a: np.ndarray) -> np.ndarray:
+        """[X, K]: P(log L > x) on the quantile grid at each prompt effect (cached per params)."""
+        self._use_params(p)
+        key = mu_a.tobytes()
+        s_x = self._sx_cache.get(key)
+        if s_x is None:
+            s_x = np.exp(self._log_sf((self.x[:, None] - mu_a[None, :]) / p.sigma, p))
+            self._sx_cache[key] = s_x
+        return s_x
 
     def remaining_quantile(self, group: GroupState, requests: Sequence[RequestState], q: float,
                            posterior: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
@@ -351,9 +445,9 @@ class GroupLengthModel:
         n = np.array([max(0, r.known_generated) for r in requests], dtype=np.float64)
         # survival of each request at its own progress, per grid point: [R, K]
         log_c = np.log(n + 0.5)
-        s_n = np.exp(self._log_sf((log_c[:, None] - mu_a[None, :]) / p.sigma, p))
+        s_n = np.exp(self._censored_rows(p, mu_a, log_c))
         wr = w[None, :] / np.maximum(s_n, 1e-300)  # P(L > x | L > n) weights: [R, K]
-        s_x = np.exp(self._log_sf((self.x[:, None] - mu_a[None, :]) / p.sigma, p))  # [X, K]
+        s_x = self._survival_grid(p, mu_a)  # [X, K]
         surv = wr @ s_x.T  # [R, X]: P(L > e^x | L > n, data) (x below n is > 1: clipped below)
         target = 1.0 - q
         cap = self.max_tokens - n
