@@ -28,6 +28,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh
 
+from seer_jax.engine.types import ENGINE_IMPLS  # noqa: F401 (re-exported)
 from seer_jax.errors import ConfigError
 from seer_jax.model.config import ModelConfig
 from seer_jax.pallas import ragged_paged_attention, write_kv
@@ -39,7 +40,6 @@ from seer_jax.pallas.limits import (
 )
 from seer_jax.pallas.sharded import sharded_ragged_paged_attention, sharded_write_kv
 
-ENGINE_IMPLS = ("auto", "reference", "cpu", "tpu", "gpu")
 KERNEL_IMPLS = ("tpu", "gpu")
 
 

@@ -5,37 +5,15 @@ into its row of the persistent step rows (`batch.RequestRows`), which the batch 
 
 from __future__ import annotations
 
-import dataclasses
 from typing import TYPE_CHECKING
-
-import numpy as np
 
 from seer_jax.engine.batch import RequestRows
 from seer_jax.engine.block_manager import BlockManager, OutOfPages
+from seer_jax.engine.types import KVBlob  # noqa: F401 (re-exported)
 
 if TYPE_CHECKING:
     from seer_jax.engine.model_runner import ModelRunner
     from seer_jax.engine.request import Request
-
-
-@dataclasses.dataclass
-class KVBlob:
-    """A request's KV on the host: tokens + K/V of its first `num_computed` positions."""
-
-    prompt_ids: list[int]
-    output_ids: list[int]
-    # [num_layers, num_kv_heads, num_computed, head_dim]; with multi-head latent attention k
-    # holds the latent rows [num_layers, 1, num_computed, kv_lora_rank + rope dim], v is empty
-    k: np.ndarray
-    v: np.ndarray
-
-    @property
-    def num_computed(self) -> int:
-        return int(self.k.shape[2])
-
-    @property
-    def nbytes(self) -> int:
-        return int(self.k.nbytes + self.v.nbytes)
 
 
 class KVCacheManager:

@@ -23,7 +23,7 @@ from seer_jax.errors import SeerError
 from seer_jax.model.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
-    from seer_jax.engine.engine import KVBlob, RequestMetrics
+    from seer_jax.engine.types import KVBlob, RequestMetrics
 
 
 class RequestStatus(enum.Enum):

@@ -18,7 +18,7 @@ from seer_jax.engine.kv_cache import KVCacheManager
 from seer_jax.engine.request import Request, RequestStatus
 
 if TYPE_CHECKING:
-    from seer_jax.engine.engine import EngineConfig
+    from seer_jax.engine.types import EngineConfig
 
 
 class Scheduler:

@@ -19,6 +19,11 @@ from seer_jax.model.moe_config import (
     refuse_unsupported_moe,
 )
 
+# How an engine holds the layer weights: "stacked" ([layers, ...] arrays, the layer loop a
+# `lax.scan`), "per_layer" (a tuple of per-layer dicts, the loop unrolled; no array is sliced per
+# layer), or "auto" (per_layer on GPUs, stacked elsewhere).
+LAYER_WEIGHTS = ("auto", "stacked", "per_layer")
+
 # architecture name -> (q/k/v bias, q/k RMSNorm)
 ARCHITECTURES: dict[str, tuple[bool, bool]] = {
     "LlamaForCausalLM": (False, False),

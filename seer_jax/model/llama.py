@@ -38,7 +38,7 @@ from flax import nnx
 
 from seer_jax.errors import ConfigError
 from seer_jax.model import mla
-from seer_jax.model.config import ModelConfig
+from seer_jax.model.config import LAYER_WEIGHTS, ModelConfig  # noqa: F401 (re-exported)
 from seer_jax.model.moe import MOE_AXES, MOE_KEYS, moe_mlp, moe_shapes
 
 Params = dict[str, Any]
@@ -155,10 +155,6 @@ def init_params(cfg: ModelConfig, seed: int = 0) -> Params:
     return Llama(cfg, rngs=nnx.Rngs(params=seed)).params()
 
 
-# How an engine holds the layer weights: "stacked" ([layers, ...] arrays, the layer loop a
-# `lax.scan`), "per_layer" (a tuple of per-layer dicts, the loop unrolled; no array is sliced per
-# layer), or "auto" (per_layer on GPUs, stacked elsewhere).
-LAYER_WEIGHTS = ("auto", "stacked", "per_layer")
 
 
 def resolve_layer_weights(choice: str, platform: str) -> str:
