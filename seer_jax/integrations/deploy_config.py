@@ -18,8 +18,8 @@ from seer_jax.costs import GIB, get_accelerator
 from seer_jax.engine.engine import EngineConfig
 from seer_jax.errors import ConfigError
 from seer_jax.model.config import ARCHITECTURES, ModelConfig
-from seer_jax.model.moe_config import MoeConfig
 from seer_jax.model.llama import LOGICAL_AXES, param_shapes
+from seer_jax.model.moe_config import MoeConfig
 from seer_jax.model.sharding import ShardingRules
 from seer_jax.rollout.backends.ray_cluster import RayBackendConfig
 from seer_jax.rollout.core.controller_config import ControllerConfig
@@ -133,6 +133,23 @@ def weight_bytes_per_device(cfg: ModelConfig, tp: int, rules: ShardingRules = Sh
             n *= size // tp if split else size
         total += n * itemsize
     return total
+
+
+def weight_bytes_read_per_device(cfg: ModelConfig, tp: int, batch: int,
+                                 rules: ShardingRules = ShardingRules()) -> float:
+    """Parameter bytes one device reads in a decode step of `batch` tokens: every weight, but
+    of the routed experts only those the batch is expected to hit, E * (1 - (1 - k/E)^batch) of
+    E (tokens routed independently and uniformly; at batch 128 and top-8 of 128, all but 0.03%)."""
+    total = weight_bytes_per_device(cfg, tp, rules)
+    if cfg.moe is None:
+        return float(total)
+    m = cfg.moe
+    itemsize = 4 if cfg.dtype == "float32" else 2
+    ep = tp if tp > 1 and m.num_experts % tp == 0 else 1
+    experts = (cfg.num_moe_layers * m.num_experts // ep * 3 * cfg.hidden_size
+               * m.expert_intermediate_size * itemsize)
+    hit = 1.0 - (1.0 - m.num_experts_per_tok / m.num_experts) ** batch
+    return total - experts + experts * hit
 
 
 def validate_config(c: ml_collections.ConfigDict, num_devices: int | None = None) -> dict[str, Any]:
