@@ -8,6 +8,8 @@ chip's HBM budget. A step the compiler refuses (out of HBM) is recorded with its
 
     /path/to/compiler-env/bin/python benchmarks/compiled_memory.py \
         --json benchmarks/results/compiled_memory.json [--impls auto,reference]
+    /path/to/compiler-env/bin/python benchmarks/compiled_memory.py --configs moe --impls auto \
+        --json benchmarks/results/compiled_memory_moe.json
 """
 
 from __future__ import annotations
@@ -30,6 +32,9 @@ from seer_jax.provenance import run_info  # noqa: E402
 
 CONFIGS = pathlib.Path(__file__).resolve().parents[1] / "configs"
 DEPLOY = ("tpu_v5p64_qwen25_7b", "tpu_v6e32_llama3_8b", "gpu_8xh200", "gpu_4x8xh100_llama31_405b")
+# the mixtures of experts (run with --configs moe)
+MOE = ("tpu_v5p64_qwen3_30b_a3b", "gpu_8xh100_qwen3_30b_a3b", "tpu_v5p64_qwen3_235b_a22b",
+       "gpu_8xh200_qwen3_235b_a22b")
 GIB = 2**30
 
 
@@ -41,7 +46,8 @@ def main() -> int:
     args = ap.parse_args()
     t0 = time.perf_counter()
     rows = []
-    for name in args.configs.split(","):
+    names = MOE if args.configs == "moe" else args.configs.split(",")
+    for name in names:
         c = load_config_file(CONFIGS / f"{name}.py")
         for impl in args.impls.split(","):
             for kind in STEP_KINDS:

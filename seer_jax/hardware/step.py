@@ -34,6 +34,7 @@ from seer_jax.model.config import ModelConfig
 from seer_jax.model.llama import (
     LOGICAL_AXES,
     jnp_dtype,
+    key_kind,
     nest_params,
     param_shapes,
     resolve_layer_weights,
@@ -97,7 +98,8 @@ def example_batch(layout: Layout, verify: bool) -> StepBatch:
 def abstract_params(cfg: ModelConfig, mesh: Mesh, rules: ShardingRules,
                     layer_weights: str = "stacked") -> dict:
     """The params as ShapeDtypeStructs with their shardings: layers stacked, or per layer
-    (`layer_weights="per_layer"`, as the engine holds them on GPUs)."""
+    (`layer_weights="per_layer"`, as the engine holds them on GPUs: each layer the keys of its
+    kind, a dense MLP or a mixture of experts)."""
     dtype = jnp_dtype(cfg)
 
     def struct(shape, logical):
@@ -111,8 +113,9 @@ def abstract_params(cfg: ModelConfig, mesh: Mesh, rules: ShardingRules,
              for name, shape in shapes.items() if name.startswith("layers/")}
     if layer_weights == "per_layer":
         params["layers"] = tuple({k: struct(shape[1:], logical[1:])
-                                  for k, (shape, logical) in layer.items()}
-                                 for _ in range(cfg.num_layers))
+                                  for k, (shape, logical) in layer.items()
+                                  if key_kind(k) in (None, kind)}
+                                 for kind in cfg.layer_kinds)
     else:
         params["layers"] = {k: struct(shape, logical) for k, (shape, logical) in layer.items()}
     return params

@@ -12,7 +12,18 @@ experts are split over "tp" (`ShardingRules.experts`), tokens and routing stay r
 sized batches: every device sees all tokens), and under `shard_map` each device runs the rows of
 its own experts (a contiguous block of the expert-sorted rows) through one ragged_dot per
 projection; a `psum` over "tp" adds the devices' partial outputs. Attention keeps its tensor
-parallelism on the same devices. Parameters of one MoE layer (keys of a layer's params, `MOE_KEYS`):
+parallelism on the same devices.
+
+Decode-sized batches on TPU and GPU (at most `DENSE_MAX_TOKENS` tokens) run the other formulation,
+`dense_experts`: every local expert over every token as one batched matmul per projection, each
+output kept only where the router chose that expert (still dropless and exact). It reads each
+expert's weights once, as the step must (at batch 128 and top-8 of 128 experts nearly every expert
+is hit), with no sorted copy of the rows: the compilers lower ragged_dot poorly at such sizes
+(XLA:GPU as a dense masked GEMM over all local experts with an [experts, rows, embed] operand;
+XLA:TPU copies a stacked layer's expert weights out of the stack before its ragged dot, which it
+does not fuse with the slice). Its extra flops (experts / k times the routed ones) stay under the
+chips' flops per weight byte at these batch sizes. Larger batches (prefill, verify) and the CPU
+keep the grouped ragged_dot. Parameters of one MoE layer (keys of a layer's params, `MOE_KEYS`):
   router      [embed, experts]               float32 logits
   router_bias [experts]                      the choice's score correction (sigmoid routers)
   we_gate, we_up [experts, embed, moe_mlp]; we_down [experts, moe_mlp, embed]
@@ -93,10 +104,20 @@ def route(h_nd: jax.Array, lp: dict[str, Any], moe: MoeConfig) -> tuple[jax.Arra
 
 
 def sort_by_expert(ids_nk: jax.Array, num_experts: int) -> tuple[jax.Array, jax.Array]:
-    """(order [N*k]: the flat (token, slot) pairs sorted by expert, stable; group sizes [E])."""
+    """(order [N*k]: the flat (token, slot) pairs sorted by expert, stable; group sizes [E]).
+    A counting sort (each pair's place: its expert's first row plus the pairs of that expert
+    before it), the permutation a stable argsort gives: XLA:GPU sorts large arrays with CUB,
+    whose workspace query needs an attached device, so a prefill-sized step would not compile
+    ahead of time."""
     flat = ids_nk.reshape(-1)
-    order = jnp.argsort(flat, stable=True)
-    sizes = jnp.zeros((num_experts,), jnp.int32).at[flat].add(1)
+    onehot = (flat[:, None] == jnp.arange(num_experts)[None, :]).astype(jnp.int32)  # [M, E]
+    before = jnp.cumsum(onehot, axis=0) - onehot
+    sizes = jnp.sum(onehot, axis=0)
+    starts = jnp.cumsum(sizes) - sizes
+    rank = jnp.take_along_axis(before, flat[:, None], axis=1)[:, 0]
+    place = starts[flat] + rank
+    order = jnp.zeros_like(flat).at[place].set(jnp.arange(flat.shape[0], dtype=flat.dtype),
+                                               unique_indices=True)
     return order, sizes
 
 
@@ -119,6 +140,39 @@ def routed_experts(x_nd: jax.Array, weights_nk: jax.Array, ids_nk: jax.Array,
     return out.astype(x_nd.dtype)
 
 
+# tokens up to which TPU and GPU run `dense_experts` (decode-sized batches: below the chips'
+# flops per byte of bf16 weights, so the extra flops cost no time)
+DENSE_MAX_TOKENS = 256
+
+
+def use_dense_experts(num_tokens: int, mesh: Mesh | None) -> bool:
+    """Whether a step of `num_tokens` tokens runs `dense_experts` (TPU and GPU, decode-sized)."""
+    if mesh is not None:
+        platform = mesh.devices.flat[0].platform
+    else:
+        platform = jax.default_backend()
+    return num_tokens <= DENSE_MAX_TOKENS and platform in ("tpu", "gpu", "cuda", "rocm")
+
+
+def dense_experts(x_nd: jax.Array, weights_nk: jax.Array, ids_nk: jax.Array, w_gate: jax.Array,
+                  w_up: jax.Array, w_down: jax.Array, first: int | jax.Array = 0) -> jax.Array:
+    """Sum over each token's chosen experts among experts first.. first + len(w_gate) of
+    weight * expert(x), float32 [N, d]: every such expert over every token (a batched matmul
+    per projection), the rows of experts a token did not choose zeroed before the down
+    projection."""
+    local = w_gate.shape[0]
+    mine = ids_nk[:, :, None] == first + jnp.arange(local)[None, None, :]  # [N, k, local]
+    combine = jnp.sum(jnp.where(mine, weights_nk[:, :, None], 0.0), axis=1)  # [N, local]
+    g = jnp.einsum("nd,edf->enf", x_nd, w_gate)
+    u = jnp.einsum("nd,edf->enf", x_nd, w_up)
+    # the router weights scale each expert's hidden rows (zero where not chosen), and one
+    # matmul contracting experts and hidden units sums the chosen experts' down projections
+    h = jnp.where(combine.T[:, :, None] != 0,
+                  (jax.nn.silu(g) * u).astype(jnp.float32) * combine.T[:, :, None], 0)
+    return jnp.einsum("enf,efd->nd", h.astype(x_nd.dtype), w_down,
+                      preferred_element_type=jnp.float32)
+
+
 def expert_parallel(mesh: Mesh | None, num_experts: int) -> int:
     """How many devices the experts split over (1: no expert parallelism)."""
     ep = 1 if mesh is None else mesh.shape.get(EP_AXIS, 1)
@@ -133,10 +187,14 @@ def routed_experts_ep(x_nd: jax.Array, weights_nk: jax.Array, ids_nk: jax.Array,
     ep = mesh.shape[EP_AXIS]
     local = num_experts // ep
 
+    dense = use_dense_experts(N, mesh)
+
     def body(x, w, ids, w_gate, w_up, w_down):
-        order, sizes = sort_by_expert(ids, num_experts)
         shard = jax.lax.axis_index(EP_AXIS)
         first = shard * local
+        if dense:
+            return jax.lax.psum(dense_experts(x, w, ids, w_gate, w_up, w_down, first), EP_AXIS)
+        order, sizes = sort_by_expert(ids, num_experts)
         start = jnp.sum(jnp.where(jnp.arange(num_experts) < first, sizes, 0))
         local_sizes = jax.lax.dynamic_slice_in_dim(sizes, first, local)
         count = jnp.sum(local_sizes)
@@ -163,6 +221,9 @@ def moe_mlp(h_nd: jax.Array, lp: dict[str, Any], moe: MoeConfig,
     weights, ids = route(h_nd, lp, moe)
     if expert_parallel(mesh, moe.num_experts) > 1:
         out = routed_experts_ep(h_nd, weights, ids, lp, mesh)
+    elif use_dense_experts(h_nd.shape[0], mesh):
+        out = dense_experts(h_nd, weights, ids, lp["we_gate"], lp["we_up"],
+                            lp["we_down"]).astype(h_nd.dtype)
     else:
         out = routed_experts(h_nd, weights, ids, lp)
     if moe.shared_intermediate_size:

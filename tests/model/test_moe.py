@@ -143,6 +143,38 @@ def test_expert_parallel_block_equals_one_device(router, tp):
     assert np.array_equal(np.asarray(ids), np.asarray(ref_ids))
 
 
+@pytest.mark.parametrize("tp", [1, 4])
+def test_dense_experts_equal_the_grouped_ragged_dot(monkeypatch, tp):
+    """The formulation TPU and GPU run for decode-sized batches (every local expert over every
+    token, unchosen rows zeroed) gives the grouped ragged_dot's outputs, one device and
+    expert-parallel; larger batches keep the ragged_dot."""
+    from seer_jax.model import moe as moe_module
+
+    moe = MoeConfig(num_experts=8, num_experts_per_tok=2, expert_intermediate_size=16,
+                    norm_topk_prob=True)
+    cfg = tiny_config(architecture="Qwen3MoeForCausalLM", qk_norm=True, num_layers=1, moe=moe)
+    lp = split_layers(init_params(cfg, seed=5), cfg)["layers"][0]
+    lp = {k: v for k, v in lp.items() if k in MOE_AXES}
+    x = np.random.RandomState(1).randn(24, cfg.hidden_size).astype(np.float32)
+    ref, ref_ids = moe_mlp(x, lp, moe)
+    assert not moe_module.use_dense_experts(24, None)  # the CPU keeps the ragged_dot
+    mesh = make_mesh(jax.devices()[:tp]) if tp > 1 else None
+    if mesh is not None:
+        sharded = shard_params({"layers": {k: v[None] for k, v in lp.items()}}, mesh)["layers"]
+        lp = {k: v[0] for k, v in sharded.items()}
+    calls = []
+    real_dense = moe_module.dense_experts
+    monkeypatch.setattr(moe_module, "use_dense_experts",
+                        lambda n, m: n <= moe_module.DENSE_MAX_TOKENS)
+    monkeypatch.setattr(moe_module, "dense_experts",
+                        lambda *a, **k: calls.append(1) or real_dense(*a, **k))
+    # a fresh function: jit's cache of moe_mlp holds traces made without the patch
+    out, ids = jax.jit(lambda x, lp: moe_mlp(x, lp, moe, mesh))(x, lp)
+    assert calls
+    np.testing.assert_allclose(np.asarray(out), np.asarray(ref), atol=1e-5, rtol=0)
+    assert np.array_equal(np.asarray(ids), np.asarray(ref_ids))
+
+
 def test_mixed_layers_split_stack_and_orbax(checkpoints, tmp_path):
     _, path, _ = checkpoints("qwen2_moe")
     cfg, params = load_safetensors_dir(path)
