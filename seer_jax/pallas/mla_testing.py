@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from seer_jax.pallas.testing import ragged_layout, visible_keys
+
 
 @dataclass
 class MlaBatch:
@@ -41,35 +43,20 @@ def make_mla_batch(
     """Random batch; pages no live sequence uses (and slots past kv_len) hold NaN, page tables
     point at shuffled pages, padding table entries at a NaN page."""
     rng = np.random.default_rng(seed)
-    max_seqs = max_seqs or len(seqs)
-    need = [-(-kv // page_size) for _, kv in seqs]
-    pages_per_seq = pages_per_seq or max(need + [1])
-    total_pages = sum(need) + extra_pages
-    num_tokens = num_tokens or sum(ql for ql, _ in seqs)
+    lay = ragged_layout(seqs, rng, page_size=page_size, max_seqs=max_seqs,
+                        pages_per_seq=pages_per_seq, num_tokens=num_tokens,
+                        extra_pages=extra_pages, trees=trees)
+    num_tokens = lay.num_tokens
     width = kv_lora_rank + rope_dim
-    cache = np.full((total_pages, page_size, width), np.nan, np.float32)
-    perm = rng.permutation(total_pages)
-    table = np.full((max_seqs, pages_per_seq), perm[-1], np.int32)
-    kv_lens = np.zeros(max_seqs, np.int32)
-    cu = np.zeros(max_seqs + 1, np.int32)
-    parents = np.full(num_tokens, -1, np.int32)
-    nxt = 0
-    for s, (ql, kv_len) in enumerate(seqs):
-        pages = perm[nxt: nxt + need[s]]
-        nxt += need[s]
-        table[s, : need[s]] = pages
-        kv_lens[s] = kv_len
-        cu[s + 1] = cu[s] + ql
-        rows = rng.normal(size=(need[s] * page_size, width))
+    cache = np.full((lay.total_pages, page_size, width), np.nan, np.float32)
+    for pages, (_, kv_len) in zip(lay.seq_pages, seqs, strict=True):
+        rows = rng.normal(size=(len(pages) * page_size, width))
         for i in range(kv_len):
             cache[pages[i // page_size], i % page_size] = rows[i]
-        rel = list(range(-1, ql - 1)) if not trees or s not in trees else trees[s]
-        parents[cu[s]: cu[s + 1]] = rel
-    cu[len(seqs) + 1:] = cu[len(seqs)]
     ql = rng.normal(size=(num_tokens, num_heads, kv_lora_rank))
     qr = rng.normal(size=(num_tokens, num_heads, rope_dim))
-    return MlaBatch(ql.astype(dtype), qr.astype(dtype), cache.astype(dtype), kv_lens, table, cu,
-                    np.int32(len(seqs)), parents if trees else None)
+    return MlaBatch(ql.astype(dtype), qr.astype(dtype), cache.astype(dtype), lay.kv_lens,
+                    lay.table, lay.cu_q_lens, np.int32(len(seqs)), lay.parents if trees else None)
 
 
 def naive_mla(b: MlaBatch, sm_scale: float) -> np.ndarray:
@@ -80,20 +67,11 @@ def naive_mla(b: MlaBatch, sm_scale: float) -> np.ndarray:
     for s in range(int(b.num_seqs)):
         lo, hi = int(b.cu_q_lens[s]), int(b.cu_q_lens[s + 1])
         ql, kv = hi - lo, int(b.kv_lens[s])
-        ctx = kv - ql
         rows = b.latent_pages[b.page_indices[s]].reshape(-1, b.latent_pages.shape[-1])
         rows = rows[:kv].astype(np.float64)
         par = None if b.tree_parents is None else b.tree_parents[lo:hi]
         for i in range(ql):
-            vis = np.zeros(kv, bool)
-            vis[:ctx] = True
-            if par is None:
-                vis[ctx: ctx + i + 1] = True
-            else:
-                j = i
-                while j >= 0:
-                    vis[ctx + j] = True
-                    j = int(par[j]) if 0 <= par[j] < j else -1
+            vis = visible_keys(kv, ql, i, par)
             sc = rows[vis] @ q[lo + i].T * sm_scale  # [keys, H]
             p = np.exp(sc - sc.max(axis=0))
             p /= p.sum(axis=0)
