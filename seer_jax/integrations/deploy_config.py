@@ -19,6 +19,7 @@ from seer_jax.engine.engine import EngineConfig
 from seer_jax.errors import ConfigError
 from seer_jax.model.config import ARCHITECTURES, ModelConfig
 from seer_jax.model.llama import LOGICAL_AXES, param_shapes
+from seer_jax.model.mla_config import MlaConfig, YarnScaling
 from seer_jax.model.moe_config import MoeConfig
 from seer_jax.model.sharding import ShardingRules
 from seer_jax.rollout.backends.ray_cluster import RayBackendConfig
@@ -88,12 +89,43 @@ def moe_config(c: ml_collections.ConfigDict) -> MoeConfig | None:
     return MoeConfig(**values)
 
 
+def mla_config(c: ml_collections.ConfigDict) -> MlaConfig | None:
+    """The multi-head latent attention of config.model.mla (MlaConfig's fields; `yarn` a dict of
+    YarnScaling's fields or None), or None when the model has none (the key absent or empty)."""
+    mla = c.model.get("mla")
+    if not mla:
+        return None
+    values = mla.to_dict()
+    _check_keys(values, MlaConfig, "config.model.mla")
+    yarn = values.get("yarn")
+    if yarn:
+        _check_keys(yarn, YarnScaling, "config.model.mla.yarn")
+        values["yarn"] = YarnScaling(**yarn)
+    else:
+        values["yarn"] = None
+    cfg = MlaConfig(**values)
+    try:
+        cfg.validate()
+    except ConfigError as e:
+        raise ConfigError(f"config.model.mla: {e}") from None
+    return cfg
+
+
+def _check_keys(values: dict, cls: type, where: str) -> None:
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise ConfigError(f"{where} has unknown key(s) {unknown}; allowed: {sorted(known)}")
+
+
 def model_config(c: ml_collections.ConfigDict) -> ModelConfig:
     """The ModelConfig the config's model dimensions describe (config.model.moe: its
-    mixture-of-experts MLP, `MoeConfig`'s fields)."""
+    mixture-of-experts MLP, `MoeConfig`'s fields; config.model.mla: its latent attention,
+    `MlaConfig`'s fields)."""
     m = c.model
     values = {k: m[k] for k in MODEL_DIM_KEYS}
     values["moe"] = moe_config(c)
+    values["mla"] = mla_config(c)
     values["eos_token_ids"] = tuple(m.get("eos_token_ids", ()))
     # what the architecture implies unless the config says otherwise (Qwen2: q/k/v biases;
     # Qwen3: q/k norms), as a checkpoint's config.json would
