@@ -149,3 +149,37 @@ def test_ray_configs_carry_the_draft_service_and_bad_values_name_the_key():
         c = load_config_file(CONFIG_DIR / "tpu_v5p64_qwen25_7b.py", override)
         with pytest.raises(ConfigError, match=key):
             validate_config(c)
+
+
+@pytest.mark.parametrize("name, preset", [
+    ("tpu_v6e32_moonlight_16b_a3b", "moonlight-16b-a3b"), ("gpu_8xh100_moonlight_16b_a3b", "moonlight-16b-a3b"),
+    ("tpu_v5p64_kimi_k2", "kimi-k2"), ("gpu_4x8xh200_kimi_k2", "kimi-k2")])
+def test_latent_attention_configs_are_the_simulator_presets_models(name, preset):
+    """The DeepSeek-V3-family configs describe the same model as the simulator's preset of that
+    name: parameters (all and active), layers, heads and latent cache width; the cache is latent
+    rows held whole on every device of a slice."""
+    from seer_jax.costs import get_model
+
+    c = load_config_file(CONFIG_DIR / f"{name}.py")
+    cfg, spec = model_config(c), get_model(preset)
+    assert cfg.mla is not None and cfg.moe is not None and cfg.moe.dense_layers == (0,)
+    assert cfg.num_params() == spec.total_params
+    assert cfg.num_params(active=True) == spec.active_params
+    assert (cfg.num_layers, cfg.num_heads) == (spec.num_layers, spec.num_q_heads)
+    assert cfg.mla.cache_width == spec.kv_elems_per_layer == 576
+    summary = validate_config(c)
+    assert summary["kv_layout"] == "latent" and summary["kv_gib_per_device"] == c.engine.kv_memory_gib
+
+
+def test_latent_attention_keys_are_checked():
+    c = load_config_file(CONFIG_DIR / "tpu_v5p64_kimi_k2.py")
+    c.model.mla.kv_rank = 512
+    with pytest.raises(ConfigError, match=r"config\.model\.mla has unknown key\(s\) \['kv_rank'\]"):
+        validate_config(c)
+    c = load_config_file(CONFIG_DIR / "tpu_v5p64_kimi_k2.py")
+    c.model.mla.yarn.scale = 2.0
+    with pytest.raises(ConfigError, match=r"config\.model\.mla\.yarn has unknown key\(s\) \['scale'\]"):
+        validate_config(c)
+    c = load_config_file(CONFIG_DIR / "tpu_v5p64_kimi_k2.py", ["--config.model.mla.qk_rope_head_dim=63"])
+    with pytest.raises(ConfigError, match=r"config\.model\.mla: .*qk_rope_head_dim=63: must be even"):
+        validate_config(c)
