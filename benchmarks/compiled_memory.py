@@ -10,6 +10,8 @@ chip's HBM budget. A step the compiler refuses (out of HBM) is recorded with its
         --json benchmarks/results/compiled_memory.json [--impls auto,reference]
     /path/to/compiler-env/bin/python benchmarks/compiled_memory.py --configs moe --impls auto \
         --json benchmarks/results/compiled_memory_moe.json
+    /path/to/compiler-env/bin/python benchmarks/compiled_memory.py --configs mla --impls auto \
+        --json benchmarks/results/compiled_memory_mla.json
 """
 
 from __future__ import annotations
@@ -35,6 +37,9 @@ DEPLOY = ("tpu_v5p64_qwen25_7b", "tpu_v6e32_llama3_8b", "gpu_8xh200", "gpu_4x8xh
 # the mixtures of experts (run with --configs moe)
 MOE = ("tpu_v5p64_qwen3_30b_a3b", "gpu_8xh100_qwen3_30b_a3b", "tpu_v5p64_qwen3_235b_a22b",
        "gpu_8xh200_qwen3_235b_a22b")
+# the DeepSeek-V3 family: latent attention and a mixture of experts (run with --configs mla)
+MLA = ("tpu_v6e32_moonlight_16b_a3b", "gpu_8xh100_moonlight_16b_a3b", "tpu_v5p64_kimi_k2",
+       "gpu_4x8xh200_kimi_k2")
 GIB = 2**30
 
 
@@ -46,14 +51,15 @@ def main() -> int:
     args = ap.parse_args()
     t0 = time.perf_counter()
     rows = []
-    names = MOE if args.configs == "moe" else args.configs.split(",")
+    names = {"moe": MOE, "mla": MLA}.get(args.configs) or args.configs.split(",")
     for name in names:
         c = load_config_file(CONFIGS / f"{name}.py")
         for impl in args.impls.split(","):
             for kind in STEP_KINDS:
                 try:
+                    t1 = time.perf_counter()
                     (m,) = compile_config(c, impl, (kind,))
-                    row = m.to_dict()
+                    row = {**m.to_dict(), "compile_s": time.perf_counter() - t1}
                     print(f"{name:28s} {impl:9s} {kind:7s} peak {m.peak_bytes / GIB:7.2f} GiB "
                           f"(temporaries {m.temp_bytes / GIB:6.2f}) of {m.budget_bytes / GIB:6.2f}"
                           f" GiB: {'fits' if m.fits else 'DOES NOT FIT'}", flush=True)

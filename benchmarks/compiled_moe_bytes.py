@@ -1,7 +1,10 @@
 """Bytes a mixture-of-experts decode step accesses against what it must read, per the compiler:
 the MoE deployment configs' models at their slices (Qwen3-30B-A3B on v5p tp4 and H100 tp2,
-Qwen3-235B-A22B on v5p tp16 and H200 tp8), batch 128 at context 4K, all layers, compiled as the
-engine compiles the step (experts split over tp, attention tensor-parallel on the same devices).
+Qwen3-235B-A22B on v5p tp16 and H200 tp8; with --models moonlight-16b-a3b,kimi-k2 the
+DeepSeek-V3 family's: Moonlight-16B-A3B on v6e tp4 and H100 tp2, Kimi-K2 on v5p tp32 and H200
+tp32), batch 128 at context 4K, all layers, compiled as the engine compiles the step (experts
+split over tp, attention tensor-parallel on the same devices; a latent-attention model's cache
+whole on every device, as each device's heads read all of it).
 
 "Must read" per device: every weight except the routed experts, of which those the batch is
 expected to hit, E * (1 - (1 - k/E)^B) of each layer's E (`weight_bytes_read_per_device`), plus
@@ -12,6 +15,8 @@ carry the `dense_experts` einsums or `ragged_dot`), against the local experts' w
 
     /path/to/compiler-env/bin/python benchmarks/compiled_moe_bytes.py \
         --json benchmarks/results/compiled_moe_bytes.json
+    /path/to/compiler-env/bin/python benchmarks/compiled_moe_bytes.py \
+        --models moonlight-16b-a3b,kimi-k2 --json benchmarks/results/compiled_mla_bytes.json
 """
 
 from __future__ import annotations
@@ -39,7 +44,12 @@ CONFIGS = pathlib.Path(__file__).resolve().parents[1] / "configs"
 POINTS = [("qwen3-30b-a3b", "tpu_v5p64_qwen3_30b_a3b", "v5p", 4),
           ("qwen3-30b-a3b", "gpu_8xh100_qwen3_30b_a3b", "h100", 2),
           ("qwen3-235b-a22b", "tpu_v5p64_qwen3_235b_a22b", "v5p", 16),
-          ("qwen3-235b-a22b", "gpu_8xh200_qwen3_235b_a22b", "h200", 8)]
+          ("qwen3-235b-a22b", "gpu_8xh200_qwen3_235b_a22b", "h200", 8),
+          # the DeepSeek-V3 family: latent attention, sigmoid routing, shared experts
+          ("moonlight-16b-a3b", "tpu_v6e32_moonlight_16b_a3b", "v6e", 4),
+          ("moonlight-16b-a3b", "gpu_8xh100_moonlight_16b_a3b", "h100", 2),
+          ("kimi-k2", "tpu_v5p64_kimi_k2", "v5p", 32),
+          ("kimi-k2", "gpu_4x8xh200_kimi_k2", "h200", 32)]
 EXPERT_OPS = ("nd,edf->enf", "enf,efd->nd", "ragged_dot")
 PAGE = 64
 
@@ -75,17 +85,18 @@ def point(model: str, config: str, target: str, tp: int, batch: int, context: in
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--targets", default="v5p,h100,h200")
+    ap.add_argument("--models", default="qwen3-30b-a3b,qwen3-235b-a22b")
+    ap.add_argument("--targets", default="v5p,v6e,h100,h200")
     ap.add_argument("--json", default="", help="write the results here")
     args = ap.parse_args()
     t0 = time.perf_counter()
     rows = []
     for model, config, target, tp in POINTS:
-        if target not in args.targets.split(","):
+        if target not in args.targets.split(",") or model not in args.models.split(","):
             continue
         r = point(model, config, target, tp, 128, 4096)
         rows.append(r)
-        print(f"{model:16s} {target:5s} tp{tp:<3d} weights read {r['weights_read_bytes'] / 1e9:6.2f}"
+        print(f"{model:17s} {target:5s} tp{tp:<3d} weights read {r['weights_read_bytes'] / 1e9:6.2f}"
               f" GB + KV {r['kv_batch_bytes'] / 1e9:6.2f} GB; attributed "
               f"{r['attributed_bytes'] / 1e9:6.2f} GB = {r['attributed_ratio']:.3f}x; expert ops "
               f"{r['expert_op_ratio']:.3f}x the local experts' weights; temporaries "

@@ -19,8 +19,11 @@ MOE = ("tpu_v5p64_qwen3_30b_a3b", "gpu_8xh100_qwen3_30b_a3b", "tpu_v5p64_qwen3_2
 # MoE steps whose prefill-sized expert matmuls do not fit per XLA:GPU
 KNOWN_UNFIT = {("gpu_8xh100_qwen3_30b_a3b", "mixed"), ("gpu_8xh100_qwen3_30b_a3b", "verify"),
                ("gpu_8xh200_qwen3_235b_a22b", "verify")}
+# the DeepSeek-V3 family (latent attention and a mixture of experts)
+MLA = ("tpu_v6e32_moonlight_16b_a3b", "gpu_8xh100_moonlight_16b_a3b", "tpu_v5p64_kimi_k2",
+       "gpu_4x8xh200_kimi_k2")
 DEPLOY = ("tpu_v5p64_qwen25_7b", "tpu_v6e32_llama3_8b", "gpu_8xh200", "gpu_4x8xh100_llama31_405b",
-          *MOE)
+          *MOE, *MLA)
 
 # The jnp reference attention runs long query regions in blocks of bounded scores, per shard
 # (like the kernels) when the model has fewer KV heads than tp, and reads its gathered pages in
@@ -43,6 +46,11 @@ def _cases():
                 # the mixtures of experts: the TPU configs' kernel decode steps (a layer scan:
                 # about 30 s each); the GPU ones hold 48 and 94 unrolled layers (1-2 minutes)
                 if name in MOE:
+                    slow = (impl, kind) != ("auto", "decode") or name.startswith("gpu")
+                # the latent-attention models: the TPU configs' kernel decode steps (a layer
+                # scan: 35-80 s each on a loaded 2-core host); the GPU ones unroll 27 and 61
+                # layers (40-60 s)
+                if name in MLA:
                     slow = (impl, kind) != ("auto", "decode") or name.startswith("gpu")
                 marks = [pytest.mark.exhaustive] if slow else []
                 if (name, kind) in KNOWN_UNFIT:
@@ -80,6 +88,11 @@ def test_deploy_step_compiles_and_fits(name, impl, kind):
     pytest.param("qwen3-30b-a3b", "h100", 2, "auto", marks=pytest.mark.exhaustive),
     pytest.param("qwen3-235b-a22b", "v5p", 16, "auto", marks=pytest.mark.exhaustive),
     pytest.param("qwen3-235b-a22b", "h200", 8, "auto", marks=pytest.mark.exhaustive),
+    # the DeepSeek-V3 family: latent cache whole on every device (its heads split over tp)
+    pytest.param("moonlight-16b-a3b", "v6e", 4, "auto", marks=pytest.mark.exhaustive),
+    pytest.param("moonlight-16b-a3b", "h100", 2, "auto", marks=pytest.mark.exhaustive),
+    pytest.param("kimi-k2", "v5p", 32, "auto", marks=pytest.mark.exhaustive),
+    pytest.param("kimi-k2", "h200", 32, "auto", marks=pytest.mark.exhaustive),
 ])
 def test_decode_step_reads_little_beyond_weights_and_kv(model, target, tp, layer_weights):
     """Batch 128 at context 4K, all layers, as the engine compiles the step: the bytes its
@@ -94,7 +107,9 @@ def test_decode_step_reads_little_beyond_weights_and_kv(model, target, tp, layer
     require_compiler(target)
     file = {"llama-3-8b": "tpu_v6e32_llama3_8b.py", "qwen2.5-7b": "tpu_v5p64_qwen25_7b.py",
             "qwen3-30b-a3b": "tpu_v5p64_qwen3_30b_a3b.py",
-            "qwen3-235b-a22b": "tpu_v5p64_qwen3_235b_a22b.py"}[model]
+            "qwen3-235b-a22b": "tpu_v5p64_qwen3_235b_a22b.py",
+            "moonlight-16b-a3b": "tpu_v6e32_moonlight_16b_a3b.py",
+            "kimi-k2": "tpu_v5p64_kimi_k2.py"}[model]
     cfg = model_config(load_config_file(CONFIGS / file))
     page, batch, context = 64, 128, 4096
     lim = StepLimits(page, batch * context // page, batch, 16, 1, context)
