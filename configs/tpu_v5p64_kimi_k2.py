@@ -7,7 +7,8 @@ dequantizes them on load, so they are held in bf16: ~1.9 TiB, which needs all 32
 device) and the 384 routed experts over the same devices (12 whole experts per device, expert
 parallelism). The latent cache (512 + 64 values per token and layer, 68.6 KiB per token over 61
 layers) is shared by every head, so each device holds the whole cache. Per device: ~61.7 GiB of
-weights (59 of them experts) + 20 GiB of latent cache (~305K tokens), of 88 GiB usable HBM.
+weights (59 of them experts) + 20 GiB of latent cache (~305K tokens; 22.2 GiB in HBM, whose tiles
+pad each 576-value row to 640 lanes), of 88 GiB usable HBM.
 """
 
 import ml_collections

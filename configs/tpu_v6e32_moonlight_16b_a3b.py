@@ -6,7 +6,7 @@ over the same devices (16 whole experts per device, expert parallelism); the 2 s
 the dense first layer, the embedding and the LM head are split too. The latent cache (512 + 64
 values per token and layer, 30.4 KiB per token) is shared by every head, so each device holds the
 slice's whole cache. Per device: ~7.5 GiB of weights + 18 GiB of latent cache (~620K tokens per
-slice), of 29.8 GiB.
+slice; 20 GiB in HBM, whose tiles pad each 576-value row to 640 lanes), of 29.8 GiB.
 """
 
 import ml_collections
