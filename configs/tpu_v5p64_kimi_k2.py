@@ -7,8 +7,9 @@ dequantizes them on load, so they are held in bf16: ~1.9 TiB, which needs all 32
 device) and the 384 routed experts over the same devices (12 whole experts per device, expert
 parallelism). The latent cache (512 + 64 values per token and layer, 68.6 KiB per token over 61
 layers) is shared by every head, so each device holds the whole cache. Per device: ~61.7 GiB of
-weights (59 of them experts) + 20 GiB of latent cache (~305K tokens; 22.2 GiB in HBM, whose tiles
-pad each 576-value row to 640 lanes), of 88 GiB usable HBM.
+weights (59 of them experts) + 18 GiB of latent cache (~275K tokens; 20 GiB in HBM, whose tiles
+pad each 576-value row to 640 lanes) + up to 4 GiB of the step's temporaries, of 88 GiB usable
+HBM.
 """
 
 import ml_collections
@@ -39,7 +40,7 @@ def get_config():
         score_correction_bias=True, n_group=1, topk_group=1, shared_intermediate_size=2048,
         dense_layers=(0,)))
     c.mesh.update(dict(num_instances=1, tp=32, devices=32, hbm_gib_per_device=88.0, chip="v5p"))
-    c.engine.update(dict(page_size=64, num_pages=0, kv_memory_gib=20.0, max_num_seqs=128,
+    c.engine.update(dict(page_size=64, num_pages=0, kv_memory_gib=18.0, max_num_seqs=128,
                          max_num_batched_tokens=4096, max_prefill_seqs=8, max_model_len=33792))
     # the slice spans 8 hosts of 4 chips: one Ray bundle per host, jax.distributed within it
     c.backend.update(dict(kind="ray", resource="TPU", strategy="STRICT_SPREAD",
