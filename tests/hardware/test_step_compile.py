@@ -119,6 +119,10 @@ def test_decode_step_reads_little_beyond_weights_and_kv(model, target, tp, layer
             "kimi-k2": "tpu_v5p64_kimi_k2.py"}[model]
     cfg = model_config(load_config_file(CONFIGS / file))
     page, batch, context = 64, 128, 4096
+    if (model, target) == ("kimi-k2", "v5p"):
+        # 61.7 GiB of weights per chip leave no room for 4K tokens of 128 sequences' latent
+        # cache (37.2 GiB as the chip pads it); 3K tokens fit
+        context = 3072
     lim = StepLimits(page, batch * context // page, batch, 16, 1, context)
     step = compile_step(cfg, target, tp, lim, "decode", layer_weights=layer_weights)
     attributed = step_cost(step)["attribution"]
