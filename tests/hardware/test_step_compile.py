@@ -24,6 +24,11 @@ KNOWN_UNFIT = {("gpu_8xh100_qwen3_30b_a3b", "mixed"), ("gpu_8xh100_qwen3_30b_a3b
 # the DeepSeek-V3 family (latent attention and a mixture of experts)
 MLA = ("tpu_v6e32_moonlight_16b_a3b", "gpu_8xh100_moonlight_16b_a3b", "tpu_v5p64_kimi_k2",
        "gpu_4x8xh200_kimi_k2")
+# the latent-attention configs' steps with the jnp reference attention (impl=reference) that do
+# not fit: 2.7-34.7 GiB of temporaries (Kimi-K2 v5p decode 12.3, H200 decode 25.9), against
+# 0.04-9.2 GiB with the kernels; only H100 Moonlight's decode and verify steps fit
+MLA_REFERENCE_UNFIT = {(name, kind) for name in MLA for kind in STEP_KINDS} - {
+    ("gpu_8xh100_moonlight_16b_a3b", "decode"), ("gpu_8xh100_moonlight_16b_a3b", "verify")}
 DEPLOY = ("tpu_v5p64_qwen25_7b", "tpu_v6e32_llama3_8b", "gpu_8xh200", "gpu_4x8xh100_llama31_405b",
           *MOE, *MLA)
 
@@ -62,6 +67,9 @@ def _cases():
                     # misses by 0.09 GiB)
                     marks.append(pytest.mark.xfail(reason="ragged_dot temporaries on XLA:GPU",
                                                    strict=False))
+                if impl == "reference" and (name, kind) in MLA_REFERENCE_UNFIT:
+                    marks.append(pytest.mark.xfail(reason="the jnp latent-attention reference's "
+                                                   "temporaries", strict=False))
                 out.append(pytest.param(name, impl, kind, id=f"{name}-{impl}-{kind}", marks=marks))
     return out
 
