@@ -70,7 +70,10 @@ def test_grpo_step_with_a_deepseek_v3_actor(checkpoint, layout):
     slices, tp, mesh_shape = layout
     cfg, params = load_safetensors_dir(checkpoint)
     assert cfg.mla is not None and cfg.moe is not None and cfg.layer_kinds == ("dense", "moe", "moe")
-    actor = TunixLlama.from_params(cfg, params)
+    actor = TunixLlama.from_checkpoint(str(checkpoint))
+    assert actor.cfg == cfg
+    for k, v in flat_np(params).items():
+        np.testing.assert_array_equal(flat_np(actor.params())[k], v)
     cluster = grpo_cluster(actor, mesh_shape, ENGINE, model_config=cfg, num_instances=slices, tp=tp)
     rollout = cluster.rollout
     assert rollout.cfg == cfg and len(rollout.group.meshes) == slices
