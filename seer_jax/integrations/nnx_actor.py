@@ -18,11 +18,13 @@ import functools
 import jax
 import jax.numpy as jnp
 from flax import nnx
+from jax.sharding import Mesh
 
 from seer_jax.model import mla
 from seer_jax.model.config import ModelConfig
 from seer_jax.model.llama import Llama, Params, forward
 from seer_jax.model.sampling_acceptance import sampling_log_probs
+from seer_jax.model.sharding import ShardingRules, shard_params
 
 _MASKED = -1e30  # finite: rows that see no key at all (left padding) stay NaN-free
 
@@ -84,20 +86,29 @@ class TunixLlama(Llama):
     `ModelConfig` describes: dense, mixture of experts, latent attention)."""
 
     @classmethod
-    def from_params(cls, cfg: ModelConfig, params: Params) -> TunixLlama:
-        """The module holding `params` (our nested dict), built without a random init."""
+    def from_params(cls, cfg: ModelConfig, params: Params, mesh: Mesh | None = None,
+                    rules: ShardingRules = ShardingRules()) -> TunixLlama:
+        """The module holding `params` (our nested dict), built without a random init. With a
+        `mesh` (the trainer's, e.g. Tunix's ("fsdp", "tp") actor mesh) the weights are placed
+        on it by `rules` (heads, MLP, vocabulary and experts over "tp" by default), and Tunix
+        keeps that layout instead of replicating them."""
+        params = jax.tree.map(jnp.asarray, params)
+        if mesh is not None:
+            params = shard_params(params, mesh, rules)
         model = nnx.eval_shape(lambda: cls(cfg, rngs=nnx.Rngs(0)))
-        model.set_params(jax.tree.map(jnp.asarray, params))
+        model.set_params(params)
         return model
 
     @classmethod
-    def from_checkpoint(cls, path: str, dtype: str = "float32") -> TunixLlama:
+    def from_checkpoint(cls, path: str, dtype: str = "float32", mesh: Mesh | None = None,
+                        rules: ShardingRules = ShardingRules()) -> TunixLlama:
         """The module of a checkpoint `seer_jax.model.loading.load_model` reads (a Hugging Face
-        safetensors directory, GGUF, Orbax), its weights in `dtype` (the trainer's)."""
+        safetensors directory, GGUF, Orbax), its weights in `dtype` (the trainer's), placed on
+        `mesh` as `from_params` places them."""
         from seer_jax.model.loading import load_model
 
         cfg, params = load_model(path, dtype)
-        return cls.from_params(cfg.with_dtype(dtype), params)
+        return cls.from_params(cfg.with_dtype(dtype), params, mesh, rules)
 
     def __call__(self, input_tokens: jax.Array, positions: jax.Array | None = None,
                  cache=None, attention_mask: jax.Array | None = None):

@@ -70,14 +70,18 @@ def test_grpo_step_with_a_deepseek_v3_actor(checkpoint, layout):
     slices, tp, mesh_shape = layout
     cfg, params = load_safetensors_dir(checkpoint)
     assert cfg.mla is not None and cfg.moe is not None and cfg.layer_kinds == ("dense", "moe", "moe")
-    actor = TunixLlama.from_checkpoint(str(checkpoint))
+    # the actor on the trainer's mesh: experts and heads over its "tp" axis
+    mesh = jax.sharding.Mesh(np.array(jax.devices()).reshape(mesh_shape), ("fsdp", "tp"))
+    actor = TunixLlama.from_checkpoint(str(checkpoint), mesh=mesh)
     assert actor.cfg == cfg
     for k, v in flat_np(params).items():
         np.testing.assert_array_equal(flat_np(actor.params())[k], v)
     cluster = grpo_cluster(actor, mesh_shape, ENGINE, model_config=cfg, num_instances=slices, tp=tp)
     rollout = cluster.rollout
     assert rollout.cfg == cfg and len(rollout.group.meshes) == slices
-    if tp == 2:  # experts split over each slice's devices; the latent projections over heads
+    if tp == 2:  # experts split over the trainer's tp devices and over each slice's
+        we_gate = cluster.actor_trainer.model.params()["layers"]["we_gate"]
+        assert we_gate.sharding.shard_shape(we_gate.shape) == (2, 4, 64, 32)
         assert rollout.group.params(0)["layers"]["we_gate"].sharding.shard_shape((2, 8, 64, 32)) \
             == (2, 4, 64, 32)
 
