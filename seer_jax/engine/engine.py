@@ -306,32 +306,7 @@ class Engine:
             stats.kv_tokens = sum(s.num_computed for s in plan.decode) + sum(
                 s.num_computed for s, _ in plan.prefill)
             return self._close_stats(stats, inflight.t0, c0, finished)
-        toks, lps, top = out
-        finished, appended, ended = [], [], []
-        toks, lps = toks.tolist(), lps.tolist()
-        for seq, row, pos in inflight.pending:
-            if seq.status is RequestStatus.FINISHED:
-                continue
-            tok = toks[row]
-            seq.commit_token(pos, tok, inflight.step)
-            seq.logprobs.append(lps[row])
-            if seq.sampling.top_logprobs:
-                k = seq.sampling.top_logprobs
-                seq.tops.append(list(zip(top[0][row, :k].tolist(), top[1][row, :k].tolist(),
-                                         strict=True)))
-            if seq.sampling.return_routed_experts:
-                seq.routed_experts.append(self.runner.routed_experts[row].tolist())
-            if seq.metrics.first_token_time is None:
-                seq.metrics.first_token_time = now
-            appended.append((seq.group_id, seq.request_id, [tok]))
-            reason = self._finish_reason(seq, tok)
-            if reason is not None:
-                ended.append((seq.group_id, seq.request_id))
-                finished.append(self._finish(seq, reason, inflight.step))
-        if finished and self._inflight is not None and self._inflight is not inflight:
-            self._uncount(self._inflight, {o.request_id for o in finished})
-        if self.spec is not None:
-            self.spec.on_step(appended, ended)
+        finished = self._emit(plan, self._sampled(inflight.pending, out), now, inflight.step)
         return self._close_stats(stats, inflight.t0, c0, finished)
 
     def _close_stats(self, stats: StepStats, t0: float, c0: float, finished: list) -> list:
@@ -407,28 +382,36 @@ class Engine:
                             max_pps=self.max_pps, impl=self.runner.impl)
         return StepPlan(decode, prefill, drafts, batch)
 
-    def _execute(self, plan: StepPlan) -> list[tuple[Request, list[int], list[float], list]]:
+    def _execute(self, plan: StepPlan) -> list[tuple]:
         """Run the step on the device and advance `num_computed`; returns the emissions
-        (sequence, tokens, logprobs, top-logprob rows) in emission order."""
+        (`_emit`) in emission order."""
         decode, prefill, drafts, batch = plan.decode, plan.prefill, plan.drafts, plan.batch
-        emissions: list[tuple[Request, list[int], list[float], list]] = []
         if drafts is None:
-            toks, lps, top = self.runner.sample(batch, self.config.max_top_logprobs)
+            out = self.runner.sample(batch, self.config.max_top_logprobs)
             for seq, n in [(s, 1) for s in decode] + prefill:
                 seq.num_computed += n
-            toks, lps = toks.tolist(), lps.tolist()
-            for seq, row in batch.rows:
-                tops = []
-                if seq.sampling.top_logprobs:
-                    k = seq.sampling.top_logprobs
-                    tops = [list(zip(top[0][row, :k].tolist(), top[1][row, :k].tolist(), strict=True))]
-                if seq.sampling.return_routed_experts:
-                    seq.routed_experts.append(self.runner.routed_experts[row].tolist())
-                emissions.append((seq, [toks[row]], [lps[row]], tops))
-            return emissions
+            return self._sampled([(seq, row, -1) for seq, row in batch.rows], out)
         return self._accept(plan, self.runner.verify(batch))
 
-    def _accept(self, plan: StepPlan, out) -> list[tuple[Request, list[int], list[float], list]]:
+    def _sampled(self, rows: list[tuple[Request, int, int]], out) -> list[tuple]:
+        """The emissions of a step without drafts: one token for each (request, output row,
+        reserved position: -1 = none) of a request still running."""
+        toks, lps, top = out
+        toks, lps = toks.tolist(), lps.tolist()
+        emissions = []
+        for seq, row, pos in rows:
+            if seq.status is RequestStatus.FINISHED:  # ended meanwhile (overlap): dropped
+                continue
+            tops = []
+            if seq.sampling.top_logprobs:
+                k = seq.sampling.top_logprobs
+                tops = [list(zip(top[0][row, :k].tolist(), top[1][row, :k].tolist(), strict=True))]
+            if seq.sampling.return_routed_experts:
+                seq.routed_experts.append(self.runner.routed_experts[row].tolist())
+            emissions.append((seq, [toks[row]], [lps[row]], tops, pos))
+        return emissions
+
+    def _accept(self, plan: StepPlan, out) -> list[tuple]:
         """The emissions of a verified step (`spec_steps.accept`), its prefill rows after."""
         dec_out, pre = out
         if any(s.sampling.return_routed_experts for s in plan.decode):
@@ -444,7 +427,8 @@ class Engine:
             seq.num_computed += n
         for seq, row in plan.batch.rows:
             if row >= split:
-                emissions.append((seq, [int(pre[0][row - split])], [float(pre[1][row - split])], []))
+                emissions.append((seq, [int(pre[0][row - split])], [float(pre[1][row - split])], [],
+                                  -1))
                 if seq.sampling.return_routed_experts:
                     seq.routed_experts.append(self.runner.routed_experts[row].tolist())
         return emissions
@@ -468,16 +452,22 @@ class Engine:
         return finished
 
     def _emit(self, plan: StepPlan, emissions, now: float, step: int) -> list[RequestOutput]:
-        """Append emitted tokens, finish requests (EOS, stop ids, budget), give back the pages
-        of rejected draft nodes; the draft service gets the tokens."""
+        """The one commit path, one step at a time and overlapped: append the emitted tokens
+        (a token reserved at launch, pos >= 0, lands in its position), finish requests (EOS,
+        stop ids, budget), give back the pages of rejected draft nodes, take requests that
+        ended out of a later step already in flight; the draft service gets the tokens.
+        emissions: (request, tokens, logprobs, top-logprob rows, reserved position)."""
         finished, appended, ended = [], [], []
-        for seq, toks_e, lps_e, tops_e in emissions:
+        for seq, toks_e, lps_e, tops_e, pos in emissions:
             if seq.metrics.first_token_time is None:
                 seq.metrics.first_token_time = now
             reason = None
             n_out = 0
             for j, tok in enumerate(toks_e):
-                seq.append_token(tok)
+                if pos >= 0:
+                    seq.commit_token(pos + j, tok, step)
+                else:
+                    seq.append_token(tok)
                 seq.logprobs.append(float(lps_e[j]))
                 if tops_e:
                     seq.tops.append(tops_e[j])
@@ -491,6 +481,9 @@ class Engine:
                 finished.append(self._finish(seq, reason, step))
             elif plan.drafts is not None:  # roll back pages the rejected draft nodes used
                 self.kv.trim(seq, seq.num_tokens)
+        later = self._inflight
+        if finished and later is not None and later.step != step:
+            self._uncount(later, {o.request_id for o in finished})
         if self.spec is not None:
             self.spec.on_step(appended, ended)
         return finished
