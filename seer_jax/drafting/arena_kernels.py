@@ -72,20 +72,31 @@ def _hash_put(hk, hv, key, e):
     hv[i] = e
 
 
+@njit(cache=True, inline="always")
+def _full(st, ed, hk, meta, ns, ne):
+    """Whether the arena lacks room for ns more states or ne more transitions."""
+    return (meta[0] + ns >= st.shape[0] or meta[1] + ne >= ed.shape[0]
+            or 2 * (meta[1] + ne) >= hk.size)
+
+
 @njit(cache=True)
-def _room(st, ed, hk, hv, meta):
-    """The arena's arrays with room for one more state and one more transition."""
-    if meta[0] + 1 >= st.shape[0]:
+def _room(st, ed, hk, hv, meta, ns, ne):
+    """The arena's arrays, grown (doubled) to hold ns more states and ne more transitions.
+    (Called only when `_full`: returning arrays costs more than the check.)"""
+    while meta[0] + ns >= st.shape[0]:
         big = np.empty((2 * st.shape[0], st.shape[1]), np.int32)
         big[:st.shape[0]] = st
         st = big
-    if meta[1] + 1 >= ed.shape[0]:
+    while meta[1] + ne >= ed.shape[0]:
         big = np.empty((2 * ed.shape[0], ed.shape[1]), np.int32)
         big[:ed.shape[0]] = ed
         ed = big
-    if 2 * (meta[1] + 1) >= hk.size:
-        hk2 = np.full(2 * hk.size, -1, np.int64)
-        hv2 = np.empty(2 * hk.size, np.int32)
+    size = hk.size
+    while 2 * (meta[1] + ne) >= size:
+        size *= 2
+    if size != hk.size:
+        hk2 = np.full(size, -1, np.int64)
+        hv2 = np.empty(size, np.int32)
         for i in range(hk.size):
             if hk[i] != -1:
                 _hash_put(hk2, hv2, hk[i], hv[i])
@@ -128,69 +139,86 @@ def _new_state(st, meta, au, a, length, link, count, total, best):
 
 @njit(cache=True)
 def new_root(st, ed, hk, hv, meta, au, a):
-    st, ed, hk, hv = _room(st, ed, hk, hv, meta)
+    if _full(st, ed, hk, meta, 1, 1):
+        st, ed, hk, hv = _room(st, ed, hk, hv, meta, 1, 1)
     r = _new_state(st, meta, au, a, 0, -1, 0, 0, -1)
     return st, ed, hk, hv, r
 
 
 @njit(cache=True)
 def _clone(st, ed, hk, hv, meta, au, a, q, length):
-    """A new state with q's transitions (in q's order) and statistics."""
-    st, ed, hk, hv = _room(st, ed, hk, hv, meta)
+    """A new state with q's transitions (in q's order) and statistics (room for 1 state and
+    q's transitions must have been made)."""
     s = _new_state(st, meta, au, a, length, st[q, LINK], st[q, COUNT], st[q, TOTAL], st[q, BEST])
     e = st[q, HEAD]
     while e >= 0:
-        st, ed, hk, hv = _room(st, ed, hk, hv, meta)
         _add_edge(st, ed, hk, hv, meta, s, ed[e, TOK], ed[e, TGT])
         e = ed[e, NXT]
-    return st, ed, hk, hv, s
+    return s
 
 
 @njit(cache=True)
-def _extend1(st, ed, hk, hv, meta, sq, au, seq, c, cd):
-    a = sq[seq, AUT]
-    root = sq[seq, ROOT]
-    last = sq[seq, LAST]
-    q = _get(st, ed, hk, hv, last, c)
-    if q >= 0:
-        if st[q, LEN] == st[last, LEN] + 1:
-            cur = q
-        else:
-            st, ed, hk, hv, cur = _clone(st, ed, hk, hv, meta, au, a, q, st[last, LEN] + 1)
-            p = last
-            while p != -1:
-                e = _find(hk, hv, p, c)
-                if e < 0 or ed[e, TGT] != q:
-                    break
-                ed[e, TGT] = cur
-                p = st[p, LINK]
-            st[q, LINK] = cur
-    else:
-        st, ed, hk, hv = _room(st, ed, hk, hv, meta)
-        cur = _new_state(st, meta, au, a, st[last, LEN] + 1, root, 0, 0, -1)
-        p = last
-        while p != -1 and _find(hk, hv, p, c) < 0:
-            st, ed, hk, hv = _room(st, ed, hk, hv, meta)
-            _add_edge(st, ed, hk, hv, meta, p, c, cur)
-            p = st[p, LINK]
-        if p != -1:
-            q = _get(st, ed, hk, hv, p, c)
-            if st[p, LEN] + 1 == st[q, LEN]:
-                st[cur, LINK] = q
+def extend(st, ed, hk, hv, meta, sq, au, seqs, starts, tokens, cd):
+    """Append tokens[starts[i]:starts[i + 1]] to sequence seqs[i], for each i in order
+    (`SuffixAutomaton.extend`, root = the sequence's root). Returns the arena's arrays."""
+    for i in range(seqs.size):
+        seq = seqs[i]
+        a = sq[seq, AUT]
+        root = sq[seq, ROOT]
+        for j in range(starts[i], starts[i + 1]):
+            c = tokens[j]
+            last = sq[seq, LAST]
+            q = _get(st, ed, hk, hv, last, c)
+            if q >= 0:
+                if st[q, LEN] == st[last, LEN] + 1:
+                    cur = q
+                else:
+                    if _full(st, ed, hk, meta, 1, st[q, NCH]):
+                        st, ed, hk, hv = _room(st, ed, hk, hv, meta, 1, st[q, NCH])
+                    cur = _clone(st, ed, hk, hv, meta, au, a, q, st[last, LEN] + 1)
+                    p = last
+                    while p != -1:
+                        e = _find(hk, hv, p, c)
+                        if e < 0 or ed[e, TGT] != q:
+                            break
+                        ed[e, TGT] = cur
+                        p = st[p, LINK]
+                    st[q, LINK] = cur
             else:
-                st, ed, hk, hv, cl = _clone(st, ed, hk, hv, meta, au, a, q, st[p, LEN] + 1)
-                while p != -1:
-                    e = _find(hk, hv, p, c)
-                    if e < 0 or ed[e, TGT] != q:
-                        break
-                    ed[e, TGT] = cl
+                if _full(st, ed, hk, meta, 1, 0):
+                    st, ed, hk, hv = _room(st, ed, hk, hv, meta, 1, 0)
+                cur = _new_state(st, meta, au, a, st[last, LEN] + 1, root, 0, 0, -1)
+                p = last
+                while p != -1 and _find(hk, hv, p, c) < 0:
+                    if _full(st, ed, hk, meta, 0, 1):
+                        st, ed, hk, hv = _room(st, ed, hk, hv, meta, 0, 1)
+                    _add_edge(st, ed, hk, hv, meta, p, c, cur)
                     p = st[p, LINK]
-                st[q, LINK] = cl
-                st[cur, LINK] = cl
-    sq[seq, LAST] = cur
-    sq[seq, SEQLEN] += 1
-    au[a, 1] += 1
+                if p != -1:
+                    q = _get(st, ed, hk, hv, p, c)
+                    if st[p, LEN] + 1 == st[q, LEN]:
+                        st[cur, LINK] = q
+                    else:
+                        if _full(st, ed, hk, meta, 1, st[q, NCH]):
+                            st, ed, hk, hv = _room(st, ed, hk, hv, meta, 1, st[q, NCH])
+                        cl = _clone(st, ed, hk, hv, meta, au, a, q, st[p, LEN] + 1)
+                        while p != -1:
+                            e = _find(hk, hv, p, c)
+                            if e < 0 or ed[e, TGT] != q:
+                                break
+                            ed[e, TGT] = cl
+                            p = st[p, LINK]
+                        st[q, LINK] = cl
+                        st[cur, LINK] = cl
+            sq[seq, LAST] = cur
+            sq[seq, SEQLEN] += 1
+            au[a, 1] += 1
+            _count(st, ed, hk, hv, sq, seq, root, c, cd)
+    return st, ed, hk, hv
 
+
+@njit(cache=True)
+def _count(st, ed, hk, hv, sq, seq, root, c, cd):
     # the count pointer moves to the new count_depth-suffix; the new end position is counted
     # in every short state of its suffix-link chain
     w0 = sq[seq, WSTATE]
@@ -210,7 +238,11 @@ def _extend1(st, ed, hk, hv, meta, sq, au, seq, c, cd):
     while w != -1:
         st[w, COUNT] += 1
         w = st[w, LINK]
-    # the contexts the token continues: their continuation totals and most frequent child
+    # the contexts the token continues: their continuation totals and most frequent child.
+    # Context v's child by c holds the new sequence's suffixes v·c, so it is on the chain just
+    # counted: x follows that chain down, to the state holding the length of v's shortest
+    # string + 1 (no lookup by hash)
+    x = sq[seq, WSTATE]
     v = w0
     if v != root and st[st[v, LINK], LEN] >= cd - 1:
         v = st[v, LINK]
@@ -218,19 +250,12 @@ def _extend1(st, ed, hk, hv, meta, sq, au, seq, c, cd):
         st[v, TOTAL] += 1
         b = st[v, BEST]
         if b != c:
-            if b < 0 or st[_get(st, ed, hk, hv, v, c), COUNT] > st[_get(st, ed, hk, hv, v, b), COUNT]:
+            need = st[st[v, LINK], LEN] + 2 if v != root else 1
+            while st[x, LINK] >= 0 and st[st[x, LINK], LEN] >= need:
+                x = st[x, LINK]
+            if b < 0 or st[x, COUNT] > st[_get(st, ed, hk, hv, v, b), COUNT]:
                 st[v, BEST] = c
         v = st[v, LINK]
-    return st, ed, hk, hv
-
-
-@njit(cache=True)
-def extend(st, ed, hk, hv, meta, sq, au, seqs, starts, tokens, cd):
-    """Append tokens[starts[i]:starts[i + 1]] to sequence seqs[i], for each i in order."""
-    for i in range(seqs.size):
-        for j in range(starts[i], starts[i + 1]):
-            st, ed, hk, hv = _extend1(st, ed, hk, hv, meta, sq, au, seqs[i], tokens[j], cd)
-    return st, ed, hk, hv
 
 
 @njit(cache=True)

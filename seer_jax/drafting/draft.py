@@ -23,6 +23,7 @@ from seer_jax.drafting.suffix_automaton import SuffixAutomaton
 
 _EMPTY_I32 = np.zeros((0,), np.int32)
 _EMPTY_F32 = np.zeros((0,), np.float32)
+_EMPTIES: dict[int, Draft] = {}
 _rank_key = operator.itemgetter(0, 1)
 # a chain's parents and depths: read-only views of these (no arrays built per draft)
 _CHAIN_PARENTS = np.arange(-1, 255, dtype=np.int32)
@@ -58,7 +59,12 @@ class Draft:
 
     @staticmethod
     def empty(match_len: int = 0) -> Draft:
-        return Draft(_EMPTY_I32, _EMPTY_I32, _EMPTY_F32, match_len)
+        d = _EMPTIES.get(match_len)
+        if d is None:  # (drafts are immutable: one empty draft per match length is shared)
+            d = Draft(_EMPTY_I32, _EMPTY_I32, _EMPTY_F32, match_len, _EMPTY_I32)
+            if len(_EMPTIES) < 1024:
+                _EMPTIES[match_len] = d
+        return d
 
     @staticmethod
     def chain(tokens, probs=None, match_len: int = 0) -> Draft:
