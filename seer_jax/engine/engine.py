@@ -351,15 +351,6 @@ class Engine:
                     and seq.num_computed >= len(seq.prompt) > seq.num_computed - n:
                 self.kv.register_prefix(seq)
 
-    def _finish_reason(self, seq: Request, tok: int) -> str | None:
-        if tok in self.eos_ids:
-            return "eos"
-        if tok in seq.sampling.stop_token_ids:
-            return "stop"
-        if seq.num_committed_new >= seq.max_tokens:
-            return "length"
-        return None
-
     def _plan(self, idle_ok: bool = False) -> StepPlan | None:
         """The next step, or None when nothing can run now (an error when nothing ever could,
         unless `idle_ok`: a step in flight will change that)."""
@@ -453,33 +444,42 @@ class Engine:
 
     def _emit(self, plan: StepPlan, emissions, now: float, step: int) -> list[RequestOutput]:
         """The one commit path, one step at a time and overlapped: append the emitted tokens
-        (a token reserved at launch, pos >= 0, lands in its position), finish requests (EOS,
+        (a token reserved at launch, pos >= 0, lands in its position; a reserved emission has one
+        token), finish requests (EOS,
         stop ids, budget), give back the pages of rejected draft nodes, take requests that
         ended out of a later step already in flight; the draft service gets the tokens.
         emissions: (request, tokens, logprobs, top-logprob rows, reserved position)."""
         finished, appended, ended = [], [], []
+        eos, trim = self.eos_ids, plan.drafts is not None
         for seq, toks_e, lps_e, tops_e, pos in emissions:
             if seq.metrics.first_token_time is None:
                 seq.metrics.first_token_time = now
-            reason = None
-            n_out = 0
+            # the first token that ends the request: EOS, a stop id, or its budget's last
+            reason, stop = None, seq.sampling.stop_token_ids
+            room = seq.max_tokens - seq.num_committed_new
             for j, tok in enumerate(toks_e):
-                if pos >= 0:
-                    seq.commit_token(pos + j, tok, step)
+                if tok in eos:
+                    reason = "eos"
+                elif tok in stop:
+                    reason = "stop"
+                elif j + 1 >= room:
+                    reason = "length"
                 else:
-                    seq.append_token(tok)
-                seq.logprobs.append(float(lps_e[j]))
-                if tops_e:
-                    seq.tops.append(tops_e[j])
-                n_out += 1
-                reason = self._finish_reason(seq, tok)
-                if reason is not None:
-                    break
-            appended.append((seq.group_id, seq.request_id, toks_e[:n_out]))
+                    continue
+                toks_e, lps_e, tops_e = toks_e[:j + 1], lps_e[:j + 1], tops_e[:j + 1]
+                break
+            if pos >= 0:
+                seq.commit_token(pos, toks_e[0], step)
+            else:
+                seq.append_tokens(toks_e)
+            seq.logprobs.extend(lps_e)
+            if tops_e:
+                seq.tops.extend(tops_e)
+            appended.append((seq.group_id, seq.request_id, toks_e))
             if reason is not None:
                 ended.append((seq.group_id, seq.request_id))
                 finished.append(self._finish(seq, reason, step))
-            elif plan.drafts is not None:  # roll back pages the rejected draft nodes used
+            elif trim:  # roll back pages the rejected draft nodes used
                 self.kv.trim(seq, seq.num_tokens)
         later = self._inflight
         if finished and later is not None and later.step != step:
