@@ -227,3 +227,14 @@ class ArenaDraftContext:
 
     def num_states(self) -> int:
         return int(sum(self._au[a, 0] for a in self._automata()))
+
+
+def compile_kernels() -> None:
+    """Compile (or load from numba's on-disk cache) every kernel the contexts use, by drafting
+    from a small context: a process that does this first writes the cache that processes
+    started after it load."""
+    for mode in ("group", "per_request"):
+        ctx = ArenaDraftContext(DraftConfig(mode=mode), [1, 2, 3, 1, 2])
+        ctx.append_many([("a", [3, 1]), ("b", [2])])
+        ctx.speculate_many([("a", 8, 8, 1, None), ("b", 8, 8, 2, None)])
+        ctx.speculate_pattern([1, 2], "a")
