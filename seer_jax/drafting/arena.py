@@ -130,13 +130,18 @@ class ArenaDraftContext:
         one compiled call."""
         seqs: list[int] = []
         chunks: list = []
+        group, requests, owns = self._group, self._requests, self._own
+        keeps_own = self._keeps_own()
         for rid, toks in items:
-            self.start_request(rid)
+            own = owns.get(rid)
+            if not self._started or (own is None and keeps_own) or (group >= 0
+                                                                    and rid not in requests):
+                self.start_request(rid)
+                own = owns.get(rid)
             toks = toks if isinstance(toks, (list, tuple, np.ndarray)) else list(toks)
-            if self._group >= 0:
-                seqs.append(self._requests[rid])
+            if group >= 0:
+                seqs.append(requests[rid])
                 chunks.append(toks)
-            own = self._own.get(rid)
             if own is not None:
                 seqs.append(own)
                 chunks.append(toks)
