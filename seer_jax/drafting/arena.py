@@ -76,12 +76,15 @@ class ArenaDraftContext:
         """Append chunks[i] (token lists or arrays) to sequence seqs[i], in order."""
         if not seqs:
             return
-        lens = np.fromiter((len(c) for c in chunks), np.int64, len(chunks))
-        starts = np.zeros(lens.size + 1, np.int64)
-        np.cumsum(lens, out=starts[1:])
-        if starts[-1] == 0:
+        flat: list[int] = []
+        starts = [0]
+        for c in chunks:
+            flat.extend(c.tolist() if isinstance(c, np.ndarray) else c)
+            starts.append(len(flat))
+        if not flat:
             return
-        toks = np.concatenate([np.asarray(c, np.int32).reshape(-1) for c in chunks])
+        toks = np.array(flat, np.int32)
+        starts = np.array(starts, np.int64)
         self._st, self._ed, self._hk, self._hv = ka.extend(
             self._st, self._ed, self._hk, self._hv, self._meta, self._sq, self._au,
             np.asarray(seqs, np.int64), starts, toks, self._cd)

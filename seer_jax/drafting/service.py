@@ -160,6 +160,20 @@ class InProcessDraftService:
         for item in pending.values():
             _flush(item)
 
+    def append_rows(self, rows: Sequence[tuple[str, str, list[int]]]) -> None:
+        """Response tokens [(group_id, request_id, token ids)] of trusted callers (the
+        engine's ints): `append_batch` without a message per row unless the log is kept."""
+        if self.keep_log:
+            self.append_batch([DraftAppend(g, r, np.array(t, np.int32)) for g, r, t in rows])
+            return
+        pending: dict[int, tuple[ArenaDraftContext, list]] = {}
+        for g, r, t in rows:
+            ctx = self._context(g)
+            pending.setdefault(id(ctx), (ctx, []))[1].append((r, t))
+            self._versions[g] += 1
+        for item in pending.values():
+            _flush(item)
+
     def finish_request(self, group_id: str, request_id: str) -> None:
         ctx = self._groups.get(group_id)
         if ctx is not None:
@@ -195,6 +209,26 @@ class InProcessDraftService:
 
     def speculate(self, queries: Sequence[DraftQuery]) -> list[Draft]:
         return _speculate(self._groups, queries)
+
+    def speculate_rows(self, rows: Sequence[tuple[str, str]], max_nodes: int, max_depth: int,
+                       width: int) -> list[Draft]:
+        """`speculate` for [(group_id, request_id)] with one shape for all (no query objects)."""
+        out: list[Draft] = [_NO_DRAFT] * len(rows)
+        by_group: dict[str, list[int]] = {}
+        for i, (g, _) in enumerate(rows):
+            by_group.setdefault(g, []).append(i)
+        for gid, idx in by_group.items():
+            ctx = self._groups.get(gid)
+            if ctx is None:
+                continue
+            drafts = ctx.speculate_many([(rows[i][1], max_nodes, max_depth, width, None)
+                                         for i in idx])
+            for i, d in zip(idx, drafts, strict=True):
+                out[i] = d
+        return out
+
+
+_NO_DRAFT = Draft.empty()
 
 
 def _flush(item: tuple[ArenaDraftContext, list] | None) -> None:

@@ -97,21 +97,27 @@ def test_batched_service_drafts_what_the_reference_drafts_per_request():
     reference's one request at a time; its arrays grow past their first capacity."""
     rng = np.random.default_rng(2)
     svc = InProcessDraftService()
+    rows_svc = InProcessDraftService()  # fed and asked through the engine's row calls
     refs = {}
     groups = [str(g) for g in range(3)]
     for g in groups:
         prompt = (rng.integers(3, 50, size=37).tolist() * 30)[:1000]
         svc.append(g, None, prompt)
+        rows_svc.append(g, None, prompt)
         refs[g] = GroupDraftContext(DraftConfig(), prompt)
     reqs = [(g, f"{g}-{i}") for g in groups for i in range(4)]
     for step in range(12):
         msgs = [DraftAppend.make(g, r, rng.integers(3, 50, size=int(rng.integers(1, 4))))
                 for g, r in reqs]
         svc.append_batch(msgs)
+        rows_svc.append_rows([(m.group_id, m.request_id, m.token_ids.tolist()) for m in msgs])
         for m in msgs:
             refs[m.group_id].append(m.request_id, m.token_ids.tolist())
         width = 1 + step % 4
         queries = [DraftQuery(g, r, 8 * width, 8, width) for g, r in reqs]
-        for q, got in zip(queries, svc.speculate(queries), strict=True):
-            assert_same(refs[q.group_id].speculate(q.request_id, q.max_nodes, q.max_depth,
-                                                   q.width), got, (step, q))
+        by_rows = rows_svc.speculate_rows([(g, r) for g, r in reqs], 8 * width, 8, width)
+        for q, got, row in zip(queries, svc.speculate(queries), by_rows, strict=True):
+            ref = refs[q.group_id].speculate(q.request_id, q.max_nodes, q.max_depth, q.width)
+            assert_same(ref, got, (step, q))
+            assert_same(ref, row, (step, q, "rows"))
+    assert [rows_svc.version(g) for g in groups] == [svc.version(g) for g in groups]
