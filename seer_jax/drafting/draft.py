@@ -56,6 +56,8 @@ class Draft:
     match_len: int = 0  # length of the context match the draft continues
     # depths(), computed once (read-only; a draft's arrays do not change)
     _depths: np.ndarray | None = dataclasses.field(default=None, compare=False, repr=False)
+    # depth, computed once (-1: not yet)
+    _depth: int = dataclasses.field(default=-1, compare=False, repr=False)
 
     @staticmethod
     def empty(match_len: int = 0) -> Draft:
@@ -96,7 +98,11 @@ class Draft:
 
     @property
     def depth(self) -> int:
-        return int(self.depths().max()) if len(self) else 0
+        d = self._depth
+        if d < 0:
+            d = max(self.depths().tolist()) if len(self) else 0
+            object.__setattr__(self, "_depth", d)
+        return d
 
     def truncate(self, num_nodes: int) -> Draft:
         """The first `num_nodes` nodes (a prefix in topological order is still a tree)."""
