@@ -91,7 +91,9 @@ def test_array_automata_draft_what_the_reference_drafts_long():
         run_trial(rng, steps=60)
 
 
-def test_batched_service_drafts_what_the_reference_drafts_per_request():
+@pytest.mark.parametrize("prompt_len,steps,vocab", [
+    (1000, 12, 50), pytest.param(4000, 80, 12, marks=pytest.mark.exhaustive)])
+def test_batched_service_drafts_what_the_reference_drafts_per_request(prompt_len, steps, vocab):
     """Groups of a long repetitive prompt (the host-overhead benchmark's setting) with default
     configuration: the service's batched appends and drafts, across groups, equal the
     reference's one request at a time; its arrays grow past their first capacity."""
@@ -101,13 +103,13 @@ def test_batched_service_drafts_what_the_reference_drafts_per_request():
     refs = {}
     groups = [str(g) for g in range(3)]
     for g in groups:
-        prompt = (rng.integers(3, 50, size=37).tolist() * 30)[:1000]
+        prompt = (rng.integers(3, vocab, size=37).tolist() * (prompt_len // 37 + 1))[:prompt_len]
         svc.append(g, None, prompt)
         rows_svc.append(g, None, prompt)
         refs[g] = GroupDraftContext(DraftConfig(), prompt)
     reqs = [(g, f"{g}-{i}") for g in groups for i in range(4)]
-    for step in range(12):
-        msgs = [DraftAppend.make(g, r, rng.integers(3, 50, size=int(rng.integers(1, 4))))
+    for step in range(steps):
+        msgs = [DraftAppend.make(g, r, rng.integers(3, vocab, size=int(rng.integers(1, 4))))
                 for g, r in reqs]
         svc.append_batch(msgs)
         rows_svc.append_rows([(m.group_id, m.request_id, m.token_ids.tolist()) for m in msgs])
