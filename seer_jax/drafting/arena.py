@@ -25,7 +25,16 @@ from seer_jax.drafting.context import DraftConfig, DraftMode
 from seer_jax.drafting.draft import Draft
 from seer_jax.errors import InputError
 
-_NO_SEQ = np.zeros((0,), np.int64)
+
+def _token_array(tokens: list[int]) -> np.ndarray:
+    """int32 token ids; InputError for ids outside [0, 2**31)."""
+    try:
+        arr = np.array(tokens, np.int32)
+    except OverflowError:
+        arr = None
+    if arr is None or (arr.size and arr.min() < 0):
+        raise InputError(f"token ids must be in [0, 2**31): got {min(tokens)}..{max(tokens)}")
+    return arr
 
 
 class ArenaDraftContext:
@@ -83,7 +92,7 @@ class ArenaDraftContext:
             starts.append(len(flat))
         if not flat:
             return
-        toks = np.array(flat, np.int32)
+        toks = _token_array(flat)
         starts = np.array(starts, np.int64)
         self._st, self._ed, self._hk, self._hv = ka.extend(
             self._st, self._ed, self._hk, self._hv, self._meta, self._sq, self._au,
@@ -187,7 +196,7 @@ class ArenaDraftContext:
         else:
             seqs = [self._group] + ([self._own[request_id]] if request_id in self._own else [])
         cap = self.config.max_match_len
-        pat = np.asarray(list(pattern)[-cap:], np.int64)
+        pat = _token_array(list(pattern)[-cap:]).astype(np.int64)
         roots = np.full((1, 2), -1, np.int64)
         states = np.zeros((1, 2), np.int64)
         lens = np.zeros((1, 2), np.int64)

@@ -11,6 +11,7 @@ import pytest
 from seer_jax.drafting import DraftConfig, GroupDraftContext
 from seer_jax.drafting.arena import ArenaDraftContext
 from seer_jax.drafting.service import DraftAppend, DraftQuery, InProcessDraftService
+from seer_jax.errors import InputError
 
 
 def assert_same(ref, got, where):
@@ -123,3 +124,12 @@ def test_batched_service_drafts_what_the_reference_drafts_per_request(prompt_len
             assert_same(ref, got, (step, q))
             assert_same(ref, row, (step, q, "rows"))
     assert [rows_svc.version(g) for g in groups] == [svc.version(g) for g in groups]
+
+
+def test_token_ids_outside_the_index_range_are_refused():
+    ctx = ArenaDraftContext(DraftConfig(), [1, 2, 3])
+    for bad in ([-1], [2**31]):
+        with pytest.raises(InputError, match="token ids"):
+            ctx.append("a", bad)
+    with pytest.raises(InputError, match="token ids"):
+        ctx.speculate_pattern([1, -2])
