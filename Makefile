@@ -58,12 +58,18 @@ demo: $(VENV)/.installed-base
 # tunix needed (their tests skip)
 test-fast: $(VENV)/.installed-fast
 	$(VENV)/bin/seer-jax fetch-model smollm2
+	$(NUMBA_WARM)
 	$(PYTEST) -m "not slow"
+
+# the draft service's numba kernels, compiled once into numba's cache before the test workers
+# start (else each worker compiles them)
+NUMBA_WARM := $(PY) -c "from seer_jax.drafting.arena import compile_kernels; compile_kernels()"
 
 # the CPU suite, then the hardware compile tests (default set) in their own environment
 test: $(VENV)/.installed-base
 	$(MAKE) -j2 $(VENV)/.installed-test $(HWVENV)/.installed
 	$(VENV)/bin/seer-jax fetch-model smollm2
+	$(NUMBA_WARM)
 	$(PYTEST) --ignore=tests/hardware -m "not exhaustive"
 	$(MAKE) test-hardware
 
@@ -71,6 +77,7 @@ test: $(VENV)/.installed-base
 test-all: $(VENV)/.installed-base
 	$(MAKE) -j2 $(VENV)/.installed-test $(HWVENV)/.installed
 	$(VENV)/bin/seer-jax fetch-model smollm2
+	$(NUMBA_WARM)
 	$(PYTEST) --ignore=tests/hardware
 	$(MAKE) test-hardware-all
 
