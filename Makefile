@@ -42,7 +42,7 @@ $(HWVENV)/.installed: pyproject.toml $(VENV)/.installed-base
 	$(HWVENV)/bin/pip install -q --upgrade pip
 	$(PY) -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']))" > $(HWVENV)/requirements.txt
 	jax=$$($(PY) -c "import jax; print(jax.__version__)") && \
-	  $(HWVENV)/bin/pip install -q "jax[tpu]==$$jax" "jax[cuda12]==$$jax" absl-py "pytest<9.2" pytest-xdist \
+	  $(HWVENV)/bin/pip install -q "jax[tpu]==$$jax" "jax[cuda12]==$$jax" absl-py "pytest<9.2" pytest-xdist pytest-timeout \
 	  -r $(HWVENV)/requirements.txt
 	echo "$(CURDIR)" > "$$($(HWVENV)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/seer_jax_checkout.pth"
 	touch $@
