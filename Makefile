@@ -7,7 +7,7 @@ PIP := $(VENV)/bin/pip
 # back end runs at -O0 there: about a quarter less time, same results; the hardware compile
 # tests keep the compilers' defaults.
 CPU_TEST_XLA_FLAGS ?= --xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0
-PYTEST := XLA_FLAGS="$(CPU_TEST_XLA_FLAGS)" $(PY) -m pytest -q -p no:cacheprovider -n 2 --dist loadgroup
+PYTEST := XLA_FLAGS="$(CPU_TEST_XLA_FLAGS)" $(PY) -m pytest -q -p no:cacheprovider -n 2 --dist loadgroup --max-worker-restart=0
 # compilers for TPU (libtpu) and NVIDIA GPUs (XLA:GPU, Triton, ptxas) in their own environment
 # (about 6.5 GB), pinned to the jax of the main one: the hardware compile tests run there
 HWVENV ?= .venv-hw
@@ -42,7 +42,7 @@ $(HWVENV)/.installed: pyproject.toml $(VENV)/.installed-base
 	$(HWVENV)/bin/pip install -q --upgrade pip
 	$(PY) -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']))" > $(HWVENV)/requirements.txt
 	jax=$$($(PY) -c "import jax; print(jax.__version__)") && \
-	  $(HWVENV)/bin/pip install -q "jax[tpu]==$$jax" "jax[cuda12]==$$jax" absl-py "pytest<9.2" pytest-xdist \
+	  $(HWVENV)/bin/pip install -q "jax[tpu]==$$jax" "jax[cuda12]==$$jax" absl-py "pytest<9.2" pytest-xdist pytest-timeout \
 	  -r $(HWVENV)/requirements.txt
 	echo "$(CURDIR)" > "$$($(HWVENV)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/seer_jax_checkout.pth"
 	touch $@
@@ -58,12 +58,18 @@ demo: $(VENV)/.installed-base
 # tunix needed (their tests skip)
 test-fast: $(VENV)/.installed-fast
 	$(VENV)/bin/seer-jax fetch-model smollm2
+	$(NUMBA_WARM)
 	$(PYTEST) -m "not slow"
+
+# the draft service's numba kernels, compiled once into numba's cache before the test workers
+# start (else each worker compiles them)
+NUMBA_WARM := $(PY) -c "from seer_jax.drafting.arena import compile_kernels; compile_kernels()"
 
 # the CPU suite, then the hardware compile tests (default set) in their own environment
 test: $(VENV)/.installed-base
 	$(MAKE) -j2 $(VENV)/.installed-test $(HWVENV)/.installed
 	$(VENV)/bin/seer-jax fetch-model smollm2
+	$(NUMBA_WARM)
 	$(PYTEST) --ignore=tests/hardware -m "not exhaustive"
 	$(MAKE) test-hardware
 
@@ -71,6 +77,7 @@ test: $(VENV)/.installed-base
 test-all: $(VENV)/.installed-base
 	$(MAKE) -j2 $(VENV)/.installed-test $(HWVENV)/.installed
 	$(VENV)/bin/seer-jax fetch-model smollm2
+	$(NUMBA_WARM)
 	$(PYTEST) --ignore=tests/hardware
 	$(MAKE) test-hardware-all
 

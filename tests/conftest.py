@@ -1,8 +1,14 @@
 """Test setup, before jax is imported: 8 fake CPU devices for sharding tests; the engine's
-scatter-uniqueness check on; a persistent
-compilation cache shared by every process of a run (xdist workers, Ray actors, CLI
-subprocesses), so an executable the modules share (the tiny model's engine steps, the kernels)
-compiles once; and one Ray cluster per test process for the modules that need one."""
+scatter-uniqueness check on; a persistent compilation cache that the test processes write and
+the processes they start (CLI runs, Ray actors) read, so a subprocess loads the tiny model's
+engine steps instead of compiling them; and one Ray cluster per test process for the modules
+that need one.
+
+The test processes (pytest and its xdist workers) never load an executable from the persistent
+cache. Loading a serialized XLA:CPU executable is the one step of a run that can take the whole
+worker down (a crash inside `deserialize_executable`, seen once in CI, which then left the
+scheduler waiting on the dead worker's tests); a worker only loses the executables the other
+worker compiled, a subprocess that crashes fails only its own test."""
 
 import os
 import tempfile
@@ -22,6 +28,18 @@ os.environ.setdefault("SEER_CHECK_SCATTERS", "1")
 import jax  # noqa: E402
 
 jax.config.update("jax_default_matmul_precision", "highest")
+
+
+def _write_only_compilation_cache() -> None:
+    """This process writes the persistent compilation cache and never reads it."""
+    from jax._src import compiler
+
+    if not hasattr(compiler, "_cache_read"):  # a jax whose cache hooks moved: keep its default
+        return
+    compiler._cache_read = lambda *args, **kwargs: (None, None)
+
+
+_write_only_compilation_cache()
 
 @pytest.fixture(scope="session")
 def ray_cluster():

@@ -23,6 +23,7 @@ from seer_jax.drafting.suffix_automaton import SuffixAutomaton
 
 _EMPTY_I32 = np.zeros((0,), np.int32)
 _EMPTY_F32 = np.zeros((0,), np.float32)
+_EMPTIES: dict[int, Draft] = {}
 _rank_key = operator.itemgetter(0, 1)
 # a chain's parents and depths: read-only views of these (no arrays built per draft)
 _CHAIN_PARENTS = np.arange(-1, 255, dtype=np.int32)
@@ -55,10 +56,17 @@ class Draft:
     match_len: int = 0  # length of the context match the draft continues
     # depths(), computed once (read-only; a draft's arrays do not change)
     _depths: np.ndarray | None = dataclasses.field(default=None, compare=False, repr=False)
+    # depth, computed once (-1: not yet)
+    _depth: int = dataclasses.field(default=-1, compare=False, repr=False)
 
     @staticmethod
     def empty(match_len: int = 0) -> Draft:
-        return Draft(_EMPTY_I32, _EMPTY_I32, _EMPTY_F32, match_len)
+        d = _EMPTIES.get(match_len)
+        if d is None:  # (drafts are immutable: one empty draft per match length is shared)
+            d = Draft(_EMPTY_I32, _EMPTY_I32, _EMPTY_F32, match_len, _EMPTY_I32)
+            if len(_EMPTIES) < 1024:
+                _EMPTIES[match_len] = d
+        return d
 
     @staticmethod
     def chain(tokens, probs=None, match_len: int = 0) -> Draft:
@@ -90,7 +98,11 @@ class Draft:
 
     @property
     def depth(self) -> int:
-        return int(self.depths().max()) if len(self) else 0
+        d = self._depth
+        if d < 0:
+            d = max(self.depths().tolist()) if len(self) else 0
+            object.__setattr__(self, "_depth", d)
+        return d
 
     def truncate(self, num_nodes: int) -> Draft:
         """The first `num_nodes` nodes (a prefix in topological order is still a tree)."""

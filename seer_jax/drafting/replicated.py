@@ -6,7 +6,7 @@ in part (a re-sent message, a replica re-seeding a rebuilt shard) keeps each tok
 `sync(group_ids, since)` returns what a replica has not seen (the `DraftService.sync` message).
 
 `SyncedReplica` is what an engine's `Speculator` uses as its service when the contexts live
-elsewhere. It keeps a full local `GroupDraftContext` of every group it has run, drafts from it
+elsewhere. It keeps a full local `ArenaDraftContext` of every group it has run, drafts from it
 without any remote call, and talks to the shards through `ShardLink`s (a transport: Ray actors
 in `rollout.backends.ray_draft_service`, plain objects in tests):
 
@@ -45,7 +45,8 @@ import zlib
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
-from seer_jax.drafting.context import DraftConfig, GroupDraftContext
+from seer_jax.drafting.arena import ArenaDraftContext
+from seer_jax.drafting.context import DraftConfig
 from seer_jax.drafting.draft import Draft
 from seer_jax.drafting.service import DraftAppend, DraftQuery, GroupUpdate, _speculate
 from seer_jax.errors import ConfigError, SeerError
@@ -292,7 +293,7 @@ class SyncedReplica:
         self.links: list[ShardLink] = list(links)
         self.epoch = epoch  # the rollout's epoch, carried by every push and pull
         self.down: set[int] = set()
-        self._ctx: dict[str, GroupDraftContext] = {}
+        self._ctx: dict[str, ArenaDraftContext] = {}
         self._tokens: dict[str, dict[str | None, list[int]]] = {}  # what the local contexts hold
         self._pos: dict[tuple[str, str], int] = {}  # the engine's next output position
         self._versions: dict[str, int] = {}  # shard log version applied, per group
@@ -474,7 +475,7 @@ class SyncedReplica:
             return 0
         ctx = self._ctx.get(msg.group_id)
         if ctx is None:
-            ctx = self._ctx[msg.group_id] = GroupDraftContext(self.config)
+            ctx = self._ctx[msg.group_id] = ArenaDraftContext(self.config)
         toks = cut.token_ids.tolist()
         if cut.request_id is None:
             if ctx.request_ids:  # responses arrived first (pulled before the prompt): keep them

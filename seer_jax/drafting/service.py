@@ -23,7 +23,8 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-from seer_jax.drafting.context import DraftConfig, GroupDraftContext
+from seer_jax.drafting.arena import ArenaDraftContext
+from seer_jax.drafting.context import DraftConfig
 from seer_jax.drafting.draft import Draft
 from seer_jax.errors import InputError
 
@@ -111,36 +112,67 @@ class InProcessDraftService:
         self.config = (config or DraftConfig()).validate()
         self.keep_log = keep_log
         self.max_groups = max_groups
-        self._groups: dict[str, GroupDraftContext] = {}  # least recently written first
+        self._groups: dict[str, ArenaDraftContext] = {}  # least recently written first
         self._logs: dict[str, list[DraftAppend]] = {}
         self._versions: dict[str, int] = {}
 
     # -- writes ----------------------------------------------------------------------------------
 
-    def _apply(self, msg: DraftAppend) -> int:
-        ctx = self._groups.pop(msg.group_id, None)
+    def _context(self, group_id: str) -> ArenaDraftContext:
+        """The group's context, made the most recently written (created, closing the least
+        recently written group beyond max_groups, if new)."""
+        ctx = self._groups.pop(group_id, None)
         if ctx is None:
             while len(self._groups) >= self.max_groups:
                 self.close_group(next(iter(self._groups)))
-            ctx = GroupDraftContext(self.config)
-            self._logs[msg.group_id] = []
-            self._versions[msg.group_id] = 0
-        self._groups[msg.group_id] = ctx  # now the most recently written
-        if msg.request_id is None:
-            ctx.set_prompt(msg.token_ids.tolist())
-        else:
-            ctx.append(msg.request_id, msg.token_ids.tolist())
+            ctx = ArenaDraftContext(self.config)
+            self._logs[group_id] = []
+            self._versions[group_id] = 0
+        self._groups[group_id] = ctx
+        return ctx
+
+    def _record(self, msg: DraftAppend) -> int:
         if self.keep_log:
             self._logs[msg.group_id].append(msg)
         self._versions[msg.group_id] += 1
         return self._versions[msg.group_id]
 
     def append(self, group_id: str, request_id: str | None, token_ids: Iterable[int]) -> int:
-        return self._apply(DraftAppend.make(group_id, request_id, token_ids))
+        msg = DraftAppend.make(group_id, request_id, token_ids)
+        ctx = self._context(group_id)
+        if request_id is None:
+            ctx.set_prompt(msg.token_ids.tolist())
+        else:
+            ctx.append(request_id, msg.token_ids)
+        return self._record(msg)
 
     def append_batch(self, appends: Sequence[DraftAppend]) -> None:
+        """The appends in order; each group's response tokens go to its context in one call."""
+        pending: dict[int, tuple[ArenaDraftContext, list]] = {}
         for msg in appends:
-            self._apply(msg)
+            ctx = self._context(msg.group_id)
+            if msg.request_id is None:
+                _flush(pending.pop(id(ctx), None))
+                ctx.set_prompt(msg.token_ids.tolist())
+            else:
+                pending.setdefault(id(ctx), (ctx, []))[1].append((msg.request_id, msg.token_ids))
+            self._record(msg)
+        for item in pending.values():
+            _flush(item)
+
+    def append_rows(self, rows: Sequence[tuple[str, str, list[int]]]) -> None:
+        """Response tokens [(group_id, request_id, token ids)] of trusted callers (the
+        engine's ints): `append_batch` without a message per row unless the log is kept."""
+        if self.keep_log:
+            self.append_batch([DraftAppend(g, r, np.array(t, np.int32)) for g, r, t in rows])
+            return
+        pending: dict[int, tuple[ArenaDraftContext, list]] = {}
+        for g, r, t in rows:
+            ctx = self._context(g)
+            pending.setdefault(id(ctx), (ctx, []))[1].append((r, t))
+            self._versions[g] += 1
+        for item in pending.values():
+            _flush(item)
 
     def finish_request(self, group_id: str, request_id: str) -> None:
         ctx = self._groups.get(group_id)
@@ -157,7 +189,7 @@ class InProcessDraftService:
     def version(self, group_id: str) -> int:
         return self._versions.get(group_id, 0)
 
-    def context(self, group_id: str) -> GroupDraftContext | None:
+    def context(self, group_id: str) -> ArenaDraftContext | None:
         return self._groups.get(group_id)
 
     def sync(
@@ -178,15 +210,48 @@ class InProcessDraftService:
     def speculate(self, queries: Sequence[DraftQuery]) -> list[Draft]:
         return _speculate(self._groups, queries)
 
+    def speculate_rows(self, rows: Sequence[tuple[str, str]], max_nodes: int, max_depth: int,
+                       width: int) -> list[Draft]:
+        """`speculate` for [(group_id, request_id)] with one shape for all (no query objects)."""
+        out: list[Draft] = [_NO_DRAFT] * len(rows)
+        by_group: dict[str, list[int]] = {}
+        for i, (g, _) in enumerate(rows):
+            by_group.setdefault(g, []).append(i)
+        for gid, idx in by_group.items():
+            ctx = self._groups.get(gid)
+            if ctx is None:
+                continue
+            drafts = ctx.speculate_many([(rows[i][1], max_nodes, max_depth, width, None)
+                                         for i in idx])
+            for i, d in zip(idx, drafts, strict=True):
+                out[i] = d
+        return out
 
-def _speculate(groups: Mapping[str, GroupDraftContext], queries: Sequence[DraftQuery]) -> list[Draft]:
-    out = []
-    for q in queries:
-        ctx = groups.get(q.group_id)
+
+_NO_DRAFT = Draft.empty()
+
+
+def _flush(item: tuple[ArenaDraftContext, list] | None) -> None:
+    if item is not None:
+        item[0].append_many(item[1])
+
+
+def _speculate(groups: Mapping[str, ArenaDraftContext], queries: Sequence[DraftQuery]) -> list[Draft]:
+    """The drafts of the queries, each group's in one call."""
+    out: list[Draft | None] = [None] * len(queries)
+    by_group: dict[str, list[int]] = {}
+    for i, q in enumerate(queries):
+        by_group.setdefault(q.group_id, []).append(i)
+    for gid, rows in by_group.items():
+        ctx = groups.get(gid)
         if ctx is None:
-            out.append(Draft.empty())
+            for i in rows:
+                out[i] = Draft.empty()
             continue
-        out.append(ctx.speculate(q.request_id, q.max_nodes, q.max_depth, q.width, q.min_prob))
+        drafts = ctx.speculate_many([(q.request_id, q.max_nodes, q.max_depth, q.width, q.min_prob)
+                                     for q in (queries[i] for i in rows)])
+        for i, d in zip(rows, drafts, strict=True):
+            out[i] = d
     return out
 
 
@@ -200,7 +265,7 @@ class DraftReplica:
     def __init__(self, source: DraftService, config: DraftConfig | None = None) -> None:
         self.source = source
         self.config = (config or DraftConfig()).validate()
-        self._groups: dict[str, GroupDraftContext] = {}
+        self._groups: dict[str, ArenaDraftContext] = {}
         self._versions: dict[str, int] = {}
 
     def append(self, group_id: str, request_id: str | None, token_ids: Iterable[int]) -> int:
@@ -216,7 +281,7 @@ class DraftReplica:
         for up in updates:
             ctx = self._groups.get(up.group_id)
             if ctx is None:
-                ctx = self._groups[up.group_id] = GroupDraftContext(self.config)
+                ctx = self._groups[up.group_id] = ArenaDraftContext(self.config)
             for msg in up.appends:
                 if msg.request_id is None:
                     ctx.set_prompt(msg.token_ids.tolist())

@@ -306,32 +306,7 @@ class Engine:
             stats.kv_tokens = sum(s.num_computed for s in plan.decode) + sum(
                 s.num_computed for s, _ in plan.prefill)
             return self._close_stats(stats, inflight.t0, c0, finished)
-        toks, lps, top = out
-        finished, appended, ended = [], [], []
-        toks, lps = toks.tolist(), lps.tolist()
-        for seq, row, pos in inflight.pending:
-            if seq.status is RequestStatus.FINISHED:
-                continue
-            tok = toks[row]
-            seq.commit_token(pos, tok, inflight.step)
-            seq.logprobs.append(lps[row])
-            if seq.sampling.top_logprobs:
-                k = seq.sampling.top_logprobs
-                seq.tops.append(list(zip(top[0][row, :k].tolist(), top[1][row, :k].tolist(),
-                                         strict=True)))
-            if seq.sampling.return_routed_experts:
-                seq.routed_experts.append(self.runner.routed_experts[row].tolist())
-            if seq.metrics.first_token_time is None:
-                seq.metrics.first_token_time = now
-            appended.append((seq.group_id, seq.request_id, [tok]))
-            reason = self._finish_reason(seq, tok)
-            if reason is not None:
-                ended.append((seq.group_id, seq.request_id))
-                finished.append(self._finish(seq, reason, inflight.step))
-        if finished and self._inflight is not None and self._inflight is not inflight:
-            self._uncount(self._inflight, {o.request_id for o in finished})
-        if self.spec is not None:
-            self.spec.on_step(appended, ended)
+        finished = self._emit(plan, self._sampled(inflight.pending, out), now, inflight.step)
         return self._close_stats(stats, inflight.t0, c0, finished)
 
     def _close_stats(self, stats: StepStats, t0: float, c0: float, finished: list) -> list:
@@ -376,15 +351,6 @@ class Engine:
                     and seq.num_computed >= len(seq.prompt) > seq.num_computed - n:
                 self.kv.register_prefix(seq)
 
-    def _finish_reason(self, seq: Request, tok: int) -> str | None:
-        if tok in self.eos_ids:
-            return "eos"
-        if tok in seq.sampling.stop_token_ids:
-            return "stop"
-        if seq.num_committed_new >= seq.max_tokens:
-            return "length"
-        return None
-
     def _plan(self, idle_ok: bool = False) -> StepPlan | None:
         """The next step, or None when nothing can run now (an error when nothing ever could,
         unless `idle_ok`: a step in flight will change that)."""
@@ -407,28 +373,36 @@ class Engine:
                             max_pps=self.max_pps, impl=self.runner.impl)
         return StepPlan(decode, prefill, drafts, batch)
 
-    def _execute(self, plan: StepPlan) -> list[tuple[Request, list[int], list[float], list]]:
+    def _execute(self, plan: StepPlan) -> list[tuple]:
         """Run the step on the device and advance `num_computed`; returns the emissions
-        (sequence, tokens, logprobs, top-logprob rows) in emission order."""
+        (`_emit`) in emission order."""
         decode, prefill, drafts, batch = plan.decode, plan.prefill, plan.drafts, plan.batch
-        emissions: list[tuple[Request, list[int], list[float], list]] = []
         if drafts is None:
-            toks, lps, top = self.runner.sample(batch, self.config.max_top_logprobs)
+            out = self.runner.sample(batch, self.config.max_top_logprobs)
             for seq, n in [(s, 1) for s in decode] + prefill:
                 seq.num_computed += n
-            toks, lps = toks.tolist(), lps.tolist()
-            for seq, row in batch.rows:
-                tops = []
-                if seq.sampling.top_logprobs:
-                    k = seq.sampling.top_logprobs
-                    tops = [list(zip(top[0][row, :k].tolist(), top[1][row, :k].tolist(), strict=True))]
-                if seq.sampling.return_routed_experts:
-                    seq.routed_experts.append(self.runner.routed_experts[row].tolist())
-                emissions.append((seq, [toks[row]], [lps[row]], tops))
-            return emissions
+            return self._sampled([(seq, row, -1) for seq, row in batch.rows], out)
         return self._accept(plan, self.runner.verify(batch))
 
-    def _accept(self, plan: StepPlan, out) -> list[tuple[Request, list[int], list[float], list]]:
+    def _sampled(self, rows: list[tuple[Request, int, int]], out) -> list[tuple]:
+        """The emissions of a step without drafts: one token for each (request, output row,
+        reserved position: -1 = none) of a request still running."""
+        toks, lps, top = out
+        toks, lps = toks.tolist(), lps.tolist()
+        emissions = []
+        for seq, row, pos in rows:
+            if seq.status is RequestStatus.FINISHED:  # ended meanwhile (overlap): dropped
+                continue
+            tops = []
+            if seq.sampling.top_logprobs:
+                k = seq.sampling.top_logprobs
+                tops = [list(zip(top[0][row, :k].tolist(), top[1][row, :k].tolist(), strict=True))]
+            if seq.sampling.return_routed_experts:
+                seq.routed_experts.append(self.runner.routed_experts[row].tolist())
+            emissions.append((seq, [toks[row]], [lps[row]], tops, pos))
+        return emissions
+
+    def _accept(self, plan: StepPlan, out) -> list[tuple]:
         """The emissions of a verified step (`spec_steps.accept`), its prefill rows after."""
         dec_out, pre = out
         if any(s.sampling.return_routed_experts for s in plan.decode):
@@ -444,7 +418,8 @@ class Engine:
             seq.num_computed += n
         for seq, row in plan.batch.rows:
             if row >= split:
-                emissions.append((seq, [int(pre[0][row - split])], [float(pre[1][row - split])], []))
+                emissions.append((seq, [int(pre[0][row - split])], [float(pre[1][row - split])], [],
+                                  -1))
                 if seq.sampling.return_routed_experts:
                     seq.routed_experts.append(self.runner.routed_experts[row].tolist())
         return emissions
@@ -468,29 +443,47 @@ class Engine:
         return finished
 
     def _emit(self, plan: StepPlan, emissions, now: float, step: int) -> list[RequestOutput]:
-        """Append emitted tokens, finish requests (EOS, stop ids, budget), give back the pages
-        of rejected draft nodes; the draft service gets the tokens."""
+        """The one commit path, one step at a time and overlapped: append the emitted tokens
+        (a token reserved at launch, pos >= 0, lands in its position; a reserved emission has one
+        token), finish requests (EOS,
+        stop ids, budget), give back the pages of rejected draft nodes, take requests that
+        ended out of a later step already in flight; the draft service gets the tokens.
+        emissions: (request, tokens, logprobs, top-logprob rows, reserved position)."""
         finished, appended, ended = [], [], []
-        for seq, toks_e, lps_e, tops_e in emissions:
+        eos, trim = self.eos_ids, plan.drafts is not None
+        for seq, toks_e, lps_e, tops_e, pos in emissions:
             if seq.metrics.first_token_time is None:
                 seq.metrics.first_token_time = now
-            reason = None
-            n_out = 0
+            # the first token that ends the request: EOS, a stop id, or its budget's last
+            reason, stop = None, seq.sampling.stop_token_ids
+            room = seq.max_tokens - seq.num_committed_new
             for j, tok in enumerate(toks_e):
-                seq.append_token(tok)
-                seq.logprobs.append(float(lps_e[j]))
-                if tops_e:
-                    seq.tops.append(tops_e[j])
-                n_out += 1
-                reason = self._finish_reason(seq, tok)
-                if reason is not None:
-                    break
-            appended.append((seq.group_id, seq.request_id, toks_e[:n_out]))
+                if tok in eos:
+                    reason = "eos"
+                elif tok in stop:
+                    reason = "stop"
+                elif j + 1 >= room:
+                    reason = "length"
+                else:
+                    continue
+                toks_e, lps_e, tops_e = toks_e[:j + 1], lps_e[:j + 1], tops_e[:j + 1]
+                break
+            if pos >= 0:
+                seq.commit_token(pos, toks_e[0], step)
+            else:
+                seq.append_tokens(toks_e)
+            seq.logprobs.extend(lps_e)
+            if tops_e:
+                seq.tops.extend(tops_e)
+            appended.append((seq.group_id, seq.request_id, toks_e))
             if reason is not None:
                 ended.append((seq.group_id, seq.request_id))
                 finished.append(self._finish(seq, reason, step))
-            elif plan.drafts is not None:  # roll back pages the rejected draft nodes used
+            elif trim:  # roll back pages the rejected draft nodes used
                 self.kv.trim(seq, seq.num_tokens)
+        later = self._inflight
+        if finished and later is not None and later.step != step:
+            self._uncount(later, {o.request_id for o in finished})
         if self.spec is not None:
             self.spec.on_step(appended, ended)
         return finished

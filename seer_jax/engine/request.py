@@ -91,6 +91,12 @@ class Request:
         self.num_tokens += 1
         self.output.append(token)
 
+    def append_tokens(self, tokens: list[int]) -> None:
+        n = self.num_tokens
+        self.token_ids[n:n + len(tokens)] = tokens
+        self.num_tokens = n + len(tokens)
+        self.output.extend(tokens)
+
     @property
     def tokens(self) -> np.ndarray:
         """[num_tokens] int32 view: prompt, then every generated token."""

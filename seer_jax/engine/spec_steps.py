@@ -51,7 +51,7 @@ def accept(decode: list[Request], drafts, outputs, kv: KVCacheManager, runner,
            spec: Speculator) -> list[tuple]:
     """Commit a verified decode region: each request's accepted path moves into consecutive
     cache slots, `num_computed` advances by 1 + accepted, the budget learns the acceptance.
-    Returns the emissions (request, tokens, logprobs, []) in batch order."""
+    Returns the emissions (request, tokens, logprobs, [], -1) in batch order."""
     d_toks, d_lps, n_acc, acc_nodes = outputs
     n = len(decode)
     acc = n_acc[:n].astype(np.int64)
@@ -76,6 +76,6 @@ def accept(decode: list[Request], drafts, outputs, kv: KVCacheManager, runner,
         m = seq.metrics
         m.spec_proposed += len(d)
         m.spec_accepted += a
-        emissions.append((seq, t[:a + 1], lp[:a + 1], []))
+        emissions.append((seq, t[:a + 1], lp[:a + 1], [], -1))
     spec.observe(drafts, accepted)
     return emissions

@@ -52,14 +52,21 @@ class Speculator:
     def on_step(self, appended, ended) -> None:
         """A committed step: its tokens [(group, request, tokens)], in one batch of appends to
         the service, then the requests that ended [(group, request)]."""
-        msgs = [DraftAppend.make(g, r, t) for g, r, t in appended if len(t)]
-        append_batch = getattr(self.service, "append_batch", None)
-        if append_batch is not None:
-            if msgs:
-                append_batch(msgs)
+        rows = [(g, r, t) for g, r, t in appended if len(t)]
+        append_rows = getattr(self.service, "append_rows", None)
+        if append_rows is not None:  # (an in-process service: no message per row)
+            if rows:
+                append_rows(rows)
         else:
-            for m in msgs:
-                self.service.append(m.group_id, m.request_id, m.token_ids)
+            # (the engine's tokens are ints already: no validation per message)
+            msgs = [DraftAppend(g, r, np.array(t, np.int32)) for g, r, t in rows]
+            append_batch = getattr(self.service, "append_batch", None)
+            if append_batch is not None:
+                if msgs:
+                    append_batch(msgs)
+            else:
+                for m in msgs:
+                    self.service.append(m.group_id, m.request_id, m.token_ids)
         for g, r in ended:
             self.on_finish(g, r)
 
@@ -80,9 +87,14 @@ class Speculator:
         plan = self.budget.plan(len(seqs))
         if not plan.enabled:
             return None
-        queries = [DraftQuery(s.group_id, s.request_id, max_nodes=plan.max_nodes_per_request,
-                              max_depth=plan.max_depth, width=plan.width) for s in seqs]
-        drafts = self.service.speculate(queries)
+        rows = getattr(self.service, "speculate_rows", None)
+        if rows is not None:  # (an in-process service: no query objects)
+            drafts = rows([(s.group_id, s.request_id) for s in seqs],
+                          plan.max_nodes_per_request, plan.max_depth, plan.width)
+        else:
+            drafts = self.service.speculate([
+                DraftQuery(s.group_id, s.request_id, max_nodes=plan.max_nodes_per_request,
+                           max_depth=plan.max_depth, width=plan.width) for s in seqs])
         drafts = self.budget.allocate(drafts, [s.priority for s in seqs], plan)
         out = []
         for d, lim in zip(drafts, limits, strict=True):

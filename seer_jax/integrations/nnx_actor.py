@@ -5,7 +5,10 @@ cache=None)` and expects `(logits_btv, cache)`; prompts are left-padded, complet
 right-padded, `positions` count non-pad tokens from 0 and `attention_mask[b, q, k]` says whether
 query q may attend to key k. `TunixLlama` is our `Llama` parameter container (same parameter
 paths, so weight sync is a name-for-name copy) with that `__call__`, running the shared
-`seer_jax.model.llama.forward` with a dense masked attention backend.
+`seer_jax.model.llama.forward` with a dense masked attention backend: multi-head attention, or
+for a model with multi-head latent attention (DeepSeek-V2/V3, Kimi-K2, Moonlight) the absorbed
+latent form the engines compute, so mixture-of-experts and latent-attention models train as
+they are served. `TunixLlama.from_checkpoint` loads any checkpoint the engine loads.
 """
 
 from __future__ import annotations
@@ -14,10 +17,14 @@ import functools
 
 import jax
 import jax.numpy as jnp
+from flax import nnx
+from jax.sharding import Mesh
 
+from seer_jax.model import mla
 from seer_jax.model.config import ModelConfig
 from seer_jax.model.llama import Llama, Params, forward
 from seer_jax.model.sampling_acceptance import sampling_log_probs
+from seer_jax.model.sharding import ShardingRules, shard_params
 
 _MASKED = -1e30  # finite: rows that see no key at all (left padding) stay NaN-free
 
@@ -36,12 +43,32 @@ def masked_attention(cache, mask_btt, layer, q_nhd, k_nkd, v_nkd):
     return out.reshape(B * T, H, D).astype(q_nhd.dtype), cache
 
 
+def masked_latent_attention(cache, mask_btt, layer, q_latent, q_rope, c_kv, k_rope, *, sm_scale):
+    """Absorbed latent attention (`seer_jax.model.mla`) over a [B, T] batch flattened to N = B*T
+    tokens, with an explicit mask: queries q_latent [N, H, r], q_rope [N, H, dr] against every
+    token's latent c_kv [N, r] and k_rope [N, dr]; output [N, H, r] float32."""
+    B, T = mask_btt.shape[0], mask_btt.shape[1]
+    H = q_latent.shape[1]
+    ql = q_latent.reshape(B, T, H, -1).astype(jnp.float32)
+    qr = q_rope.reshape(B, T, H, -1).astype(jnp.float32)
+    c = c_kv.reshape(B, T, -1).astype(jnp.float32)
+    kr = k_rope.reshape(B, T, -1).astype(jnp.float32)
+    s = jnp.einsum("bqhr,bsr->bhqs", ql, c) + jnp.einsum("bqhd,bsd->bhqs", qr, kr)
+    s = jnp.where(mask_btt[:, None, :, :], s * sm_scale, _MASKED)
+    p = jax.nn.softmax(s, axis=-1)
+    out = jnp.einsum("bhqs,bsr->bqhr", p, c)
+    return out.reshape(B * T, H, -1), cache
+
+
 def masked_forward(params: Params, cfg: ModelConfig, tokens_bt: jax.Array, positions_bt: jax.Array,
                    mask_btt: jax.Array) -> jax.Array:
     """Logits [B, T, vocab] float32 of a padded batch with explicit positions and mask."""
     B, T = tokens_bt.shape
+    attention = masked_attention
+    if cfg.mla is not None:
+        attention = functools.partial(masked_latent_attention, sm_scale=mla.softmax_scale(cfg))
     logits, _ = forward(params, cfg, tokens_bt.reshape(-1), positions_bt.reshape(-1), None,
-                        mask_btt.astype(bool), masked_attention)
+                        mask_btt.astype(bool), attention)
     return logits.reshape(B, T, -1)
 
 
@@ -55,7 +82,33 @@ def default_positions_and_mask(tokens_bt: jax.Array, pad_id: int | None = None):
 
 
 class TunixLlama(Llama):
-    """`Llama` with the call signature Tunix's trainers and logprob helpers use."""
+    """`Llama` with the call signature Tunix's trainers and logprob helpers use (any model our
+    `ModelConfig` describes: dense, mixture of experts, latent attention)."""
+
+    @classmethod
+    def from_params(cls, cfg: ModelConfig, params: Params, mesh: Mesh | None = None,
+                    rules: ShardingRules = ShardingRules()) -> TunixLlama:
+        """The module holding `params` (our nested dict), built without a random init. With a
+        `mesh` (the trainer's, e.g. Tunix's ("fsdp", "tp") actor mesh) the weights are placed
+        on it by `rules` (heads, MLP, vocabulary and experts over "tp" by default), and Tunix
+        keeps that layout instead of replicating them."""
+        params = jax.tree.map(jnp.asarray, params)
+        if mesh is not None:
+            params = shard_params(params, mesh, rules)
+        model = nnx.eval_shape(lambda: cls(cfg, rngs=nnx.Rngs(0)))
+        model.set_params(params)
+        return model
+
+    @classmethod
+    def from_checkpoint(cls, path: str, dtype: str = "float32", mesh: Mesh | None = None,
+                        rules: ShardingRules = ShardingRules()) -> TunixLlama:
+        """The module of a checkpoint `seer_jax.model.loading.load_model` reads (a Hugging Face
+        safetensors directory, GGUF, Orbax), its weights in `dtype` (the trainer's), placed on
+        `mesh` as `from_params` places them."""
+        from seer_jax.model.loading import load_model
+
+        cfg, params = load_model(path, dtype)
+        return cls.from_params(cfg.with_dtype(dtype), params, mesh, rules)
 
     def __call__(self, input_tokens: jax.Array, positions: jax.Array | None = None,
                  cache=None, attention_mask: jax.Array | None = None):

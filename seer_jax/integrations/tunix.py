@@ -141,8 +141,7 @@ class SeerRollout(base_rollout.BaseRollout):
             # (`is_sharing_weights`, which needs the same tree): a shape-only copy of the actor
             self._model: nnx.Module = nnx.eval_shape(lambda: nnx.clone(rollout_actor))
         else:
-            self._model = TunixLlama(cfg, rngs=nnx.Rngs(0))
-            self._model.set_params(self.group.params(0))
+            self._model = TunixLlama.from_params(cfg, self.group.params(0))
         self._seed_counter = 0
         self._recorded: dict[tuple, list[tuple[tuple[int, ...], list[float]]]] = {}
         self._recorded_version = -1

@@ -26,11 +26,15 @@ from jax.experimental.pallas import triton as pltriton
 from seer_jax.errors import InputError
 from seer_jax.pallas.attention_tpu import prepare, unfold
 from seer_jax.pallas.cost_estimates import attention_cost
+from seer_jax.pallas.kernel_parts import (
+    NEG,
+    key_mask,
+    online_softmax_step,
+    split_kv_blocks,
+    visible_kv_end,
+)
 from seer_jax.pallas.kv_layout import pool_5d
 from seer_jax.pallas.limits import gpu_attention_problem, pow2
-from seer_jax.pallas.tree import KERNEL_TREE_WINDOW
-
-NEG = -1e30
 
 
 def _kernel(
@@ -63,24 +67,13 @@ def _kernel(
     # f32 caches use full-precision dots (no TF32); bf16 caches bf16 dots with f32 accumulation.
     exact_f32 = False if k_ref.dtype == jnp.float32 else None
     q = (q_ref[...].astype(jnp.float32) * sm_scale).astype(k_ref.dtype)
-    row_seq = meta_ref[:, 0]
-    row_qpos = meta_ref[:, 1]
-    row_vis = meta_ref[:, 2]
-    row_bits = meta_ref[:, 3]
+    # per row [rows, 1]: sequence, absolute position, visibility end, tree bits
+    row_seq, row_qpos, row_vis, row_bits = (meta_ref[:, i][:, None] for i in range(4))
 
     def per_seq(seq, carry):
-        kv_len = kv_lens_ref[seq]
-        q_start = cu_ref[seq]
-        q_end = cu_ref[seq + 1]
-        first = jnp.maximum(q_start, b * block_q)
-        last = jnp.minimum(q_end, (b + 1) * block_q)
-        ctx = kv_len - (q_end - q_start)
-        kv_end = jnp.where(last > first, jnp.minimum(kv_len, ctx + last - q_start), 0)
-        n_kb = pl.cdiv(kv_end, kv_blk)
-        per_split = pl.cdiv(n_kb, num_splits)
-        kb_lo = jnp.minimum(split * per_split, n_kb)
-        kb_hi = jnp.minimum(kb_lo + per_split, n_kb)
-        seq_rows = row_seq == seq
+        kv_end = visible_kv_end(seq, b, block_q, kv_lens_ref, cu_ref)
+        kb_lo, kb_hi = split_kv_blocks(kv_end, kv_blk, split, num_splits)
+        in_seq = row_seq == seq
 
         def per_kv_block(kb, c):
             o, m, den = c
@@ -91,17 +84,8 @@ def _kernel(
             k_ok = kpos < kv_end
             v = jnp.where(k_ok[:, None], v, jnp.zeros_like(v))
             s = pltriton.dot(q, k, trans_b=True, allow_tf32=exact_f32)  # [rows, kv_blk] f32
-            vis = kpos[None, :] < row_vis[:, None]
-            if has_tree:
-                back = row_qpos[:, None] - kpos[None, :]
-                in_win = (back >= 0) & (back < KERNEL_TREE_WINDOW)
-                bit = (row_bits[:, None] >> jnp.clip(back, 0, KERNEL_TREE_WINDOW - 1)) & 1
-                vis = vis | (in_win & (bit == 1))
-            mask = seq_rows[:, None] & vis & k_ok[None, :]
-            m_new = jnp.maximum(m, jnp.max(jnp.where(mask, s, NEG), axis=1))
-            p = jnp.where(mask, jnp.exp(s - m_new[:, None]), 0.0)
-            alpha = jnp.exp(m - m_new)
-            den = alpha * den + jnp.sum(p, axis=1)
+            mask = key_mask(kpos[None, :], kv_end, in_seq, row_vis, row_qpos, row_bits, has_tree)
+            p, alpha, m_new, den = online_softmax_step(s, mask, m, den)
             o = alpha[:, None] * o + pltriton.dot(p.astype(v.dtype), v, allow_tf32=exact_f32)
             return o, m_new, den
 

@@ -28,11 +28,17 @@ from jax.experimental.pallas import tpu as pltpu
 
 from seer_jax.errors import InputError
 from seer_jax.pallas.cost_estimates import attention_cost
+from seer_jax.pallas.kernel_parts import (
+    NEG,
+    iota_positions,
+    key_mask,
+    online_softmax_step,
+    page_block_dma,
+    visible_kv_end,
+)
 from seer_jax.pallas.kv_layout import pool_5d
 from seer_jax.pallas.limits import tpu_attention_problem, tpu_block_q, tpu_pages_per_block
-from seer_jax.pallas.tree import KERNEL_TREE_WINDOW, kernel_tree_mask, token_seq_ids
-
-NEG = -1e30
+from seer_jax.pallas.tree import kernel_tree_mask, token_seq_ids
 
 
 def _dot_precision(dtype) -> jax.lax.Precision:
@@ -81,34 +87,12 @@ def _kernel(
     meta = meta_ref[...]
     row_seq, row_qpos, row_vis, row_bits = (meta[:, i: i + 1] for i in range(4))
 
-    def copies(seq, kb, slot, n_pages):
-        """(valid, copy) per page of kv block kb of sequence seq: all heads' K and V."""
-        out = []
-        for i in range(pages_per_block):
-            page_no = kb * pages_per_block + i
-            valid = page_no < n_pages
-            page = pages_ref[seq * pages_per_seq + jnp.minimum(page_no, pages_per_seq - 1)]
-            dst = pl.ds(i * page_size, page_size)
-            out.append((valid, pltpu.make_async_copy(kv_hbm.at[layer, page], kv_buf.at[slot, dst],
-                                                     sems.at[slot])))
-        return out
-
-    def start(seq, kb, slot, n_pages):
-        for valid, cp in copies(seq, kb, slot, n_pages):
-            pl.when(valid)(cp.start)
-
-    def wait(seq, kb, slot, n_pages):
-        for valid, cp in copies(seq, kb, slot, n_pages):
-            pl.when(valid)(cp.wait)
+    start, wait = page_block_dma(pages_ref, kv_hbm, kv_buf, sems, layer,
+                                 pages_per_block=pages_per_block, pages_per_seq=pages_per_seq,
+                                 page_size=page_size)
 
     def per_seq(seq, carry):
-        kv_len = kv_lens_ref[seq]
-        q_start, q_end = cu_ref[seq], cu_ref[seq + 1]
-        first = jnp.maximum(q_start, b * block_q)
-        last = jnp.minimum(q_end, (b + 1) * block_q)  # exclusive
-        ctx = kv_len - (q_end - q_start)
-        # Keys this block's rows of seq can see: positions < ctx + (last - q_start).
-        kv_end = jnp.where(last > first, jnp.minimum(kv_len, ctx + last - q_start), 0)
+        kv_end = visible_kv_end(seq, b, block_q, kv_lens_ref, cu_ref)
         n_pages = pl.cdiv(kv_end, page_size)
         n_kb = pl.cdiv(kv_end, kv_blk)
 
@@ -124,15 +108,9 @@ def _kernel(
                 start(seq, kb + 1, 1 - slot, n_pages)
 
             wait(seq, kb, slot, n_pages)
-            kpos_col = kb * kv_blk + jax.lax.broadcasted_iota(jnp.int32, (kv_blk, 1), 0)
-            kpos = kb * kv_blk + jax.lax.broadcasted_iota(jnp.int32, (1, kv_blk), 1)
-            vis = kpos < row_vis
-            if has_tree:
-                back = row_qpos - kpos
-                in_win = (back >= 0) & (back < KERNEL_TREE_WINDOW)
-                bit = (row_bits >> jnp.clip(back, 0, KERNEL_TREE_WINDOW - 1)) & 1
-                vis = vis | (in_win & (bit == 1))
-            mask = (row_seq == seq) & vis & (kpos < kv_end)  # [rows, kv_blk], every head
+            kpos_col, kpos = iota_positions(kb, kv_blk)
+            # [rows, kv_blk], every head
+            mask = key_mask(kpos, kv_end, row_seq == seq, row_vis, row_qpos, row_bits, has_tree)
             buf = kv_buf.at[slot]
             for h in range(num_kv_heads):
                 k = buf[:, 2 * h, :]  # [kv_blk, D] cache dtype
@@ -142,15 +120,9 @@ def _kernel(
                 q = (q_ref[h].astype(jnp.float32) * sm_scale).astype(k.dtype)  # MXU dtype
                 s = jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), precision=prec,
                                         preferred_element_type=jnp.float32)  # [rows, kv_blk]
-                m_prev = m_ref[h]
-                m_new = jnp.maximum(m_prev,
-                                    jnp.max(jnp.where(mask, s, NEG), axis=1, keepdims=True))
-                p = jnp.where(mask, jnp.exp(s - m_new), 0.0)
-                alpha = jnp.exp(m_prev - m_new)
-                l_ref[h] = alpha * l_ref[h] + jnp.sum(p, axis=1, keepdims=True)
+                p, alpha, m_ref[h], l_ref[h] = online_softmax_step(s, mask, m_ref[h], l_ref[h])
                 acc_ref[h] = alpha * acc_ref[h] + jnp.dot(
                     p.astype(v.dtype), v, precision=prec, preferred_element_type=jnp.float32)
-                m_ref[h] = m_new
             return c
 
         jax.lax.fori_loop(0, n_kb, per_kv_block, 0)

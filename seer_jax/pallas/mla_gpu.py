@@ -25,11 +25,16 @@ from jax.experimental.pallas import triton as pltriton
 from seer_jax.errors import InputError
 from seer_jax.pallas.attention_tpu import prepare, unfold
 from seer_jax.pallas.cost_estimates import mla_cost
+from seer_jax.pallas.kernel_parts import (
+    NEG,
+    key_mask,
+    online_softmax_step,
+    split_kv_blocks,
+    visible_kv_end,
+)
 from seer_jax.pallas.limits import gpu_mla_problem, pow2
 from seer_jax.pallas.mla_layout import latent_pool_4d
-from seer_jax.pallas.tree import KERNEL_TREE_WINDOW
 
-NEG = -1e30
 MAX_GROUP_HEADS = 16  # query heads one program holds (its rows x kv_lora_rank f32 accumulator)
 KV_BLOCK_BYTES = 32 * 1024  # c_kv bytes of one K/V block (shared memory, per pipeline stage)
 
@@ -62,24 +67,13 @@ def _kernel(
     exact_f32 = False if c_ref.dtype == jnp.float32 else None
     ql = (ql_ref[...].astype(jnp.float32) * sm_scale).astype(c_ref.dtype)
     qr = (qr_ref[...].astype(jnp.float32) * sm_scale).astype(c_ref.dtype)
-    row_seq = meta_ref[:, 0]
-    row_qpos = meta_ref[:, 1]
-    row_vis = meta_ref[:, 2]
-    row_bits = meta_ref[:, 3]
+    # per row [rows, 1]: sequence, absolute position, visibility end, tree bits
+    row_seq, row_qpos, row_vis, row_bits = (meta_ref[:, i][:, None] for i in range(4))
 
     def per_seq(seq, carry):
-        kv_len = kv_lens_ref[seq]
-        q_start = cu_ref[seq]
-        q_end = cu_ref[seq + 1]
-        first = jnp.maximum(q_start, b * block_q)
-        last = jnp.minimum(q_end, (b + 1) * block_q)
-        ctx = kv_len - (q_end - q_start)
-        kv_end = jnp.where(last > first, jnp.minimum(kv_len, ctx + last - q_start), 0)
-        n_kb = pl.cdiv(kv_end, kv_blk)
-        per_split = pl.cdiv(n_kb, num_splits)
-        kb_lo = jnp.minimum(split * per_split, n_kb)
-        kb_hi = jnp.minimum(kb_lo + per_split, n_kb)
-        seq_rows = row_seq == seq
+        kv_end = visible_kv_end(seq, b, block_q, kv_lens_ref, cu_ref)
+        kb_lo, kb_hi = split_kv_blocks(kv_end, kv_blk, split, num_splits)
+        in_seq = row_seq == seq
 
         def per_kv_block(kb, c):
             o, m, den = c
@@ -97,17 +91,8 @@ def _kernel(
             s = (pltriton.dot(ql, c_kv, trans_b=True, allow_tf32=exact_f32)
                  + pltriton.dot(qr, k_rope, trans_b=True, allow_tf32=exact_f32))
             c_kv = jnp.where(k_ok[:, None], c_kv, jnp.zeros_like(c_kv))
-            vis = kpos[None, :] < row_vis[:, None]
-            if has_tree:
-                back = row_qpos[:, None] - kpos[None, :]
-                in_win = (back >= 0) & (back < KERNEL_TREE_WINDOW)
-                bit = (row_bits[:, None] >> jnp.clip(back, 0, KERNEL_TREE_WINDOW - 1)) & 1
-                vis = vis | (in_win & (bit == 1))
-            mask = seq_rows[:, None] & vis & k_ok[None, :]
-            m_new = jnp.maximum(m, jnp.max(jnp.where(mask, s, NEG), axis=1))
-            p = jnp.where(mask, jnp.exp(s - m_new[:, None]), 0.0)
-            alpha = jnp.exp(m - m_new)
-            den = alpha * den + jnp.sum(p, axis=1)
+            mask = key_mask(kpos[None, :], kv_end, in_seq, row_vis, row_qpos, row_bits, has_tree)
+            p, alpha, m_new, den = online_softmax_step(s, mask, m, den)
             o = alpha[:, None] * o + pltriton.dot(p.astype(c_kv.dtype), c_kv,
                                                   allow_tf32=exact_f32)
             return o, m_new, den

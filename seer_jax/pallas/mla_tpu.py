@@ -25,6 +25,14 @@ from jax.experimental.pallas import tpu as pltpu
 from seer_jax.errors import InputError
 from seer_jax.pallas.attention_tpu import _dot_precision, prepare, unfold
 from seer_jax.pallas.cost_estimates import mla_cost
+from seer_jax.pallas.kernel_parts import (
+    NEG,
+    iota_positions,
+    key_mask,
+    online_softmax_step,
+    page_block_dma,
+    visible_kv_end,
+)
 from seer_jax.pallas.limits import (
     TPU_KV_BLOCK_TOKENS,
     TPU_KV_BUFFER_BYTES,
@@ -32,9 +40,6 @@ from seer_jax.pallas.limits import (
     tpu_mla_problem,
 )
 from seer_jax.pallas.mla_layout import latent_pool_4d, padded_latent_bytes_per_token
-from seer_jax.pallas.tree import KERNEL_TREE_WINDOW
-
-NEG = -1e30
 
 
 def _kernel(
@@ -68,32 +73,12 @@ def _kernel(
     ql = (ql_ref[...].astype(jnp.float32) * sm_scale).astype(cdt)
     qr = (qr_ref[...].astype(jnp.float32) * sm_scale).astype(cdt)
 
-    def copies(seq, kb, slot, n_pages):
-        out = []
-        for i in range(pages_per_block):
-            page_no = kb * pages_per_block + i
-            page = pages_ref[seq * pages_per_seq + jnp.minimum(page_no, pages_per_seq - 1)]
-            cp = pltpu.make_async_copy(kv_hbm.at[layer, page],
-                                       kv_buf.at[slot, pl.ds(i * page_size, page_size)],
-                                       sems.at[slot])
-            out.append((page_no < n_pages, cp))
-        return out
-
-    def start(seq, kb, slot, n_pages):
-        for valid, cp in copies(seq, kb, slot, n_pages):
-            pl.when(valid)(cp.start)
-
-    def wait(seq, kb, slot, n_pages):
-        for valid, cp in copies(seq, kb, slot, n_pages):
-            pl.when(valid)(cp.wait)
+    start, wait = page_block_dma(pages_ref, kv_hbm, kv_buf, sems, layer,
+                                 pages_per_block=pages_per_block, pages_per_seq=pages_per_seq,
+                                 page_size=page_size)
 
     def per_seq(seq, carry):
-        kv_len = kv_lens_ref[seq]
-        q_start, q_end = cu_ref[seq], cu_ref[seq + 1]
-        first = jnp.maximum(q_start, b * block_q)
-        last = jnp.minimum(q_end, (b + 1) * block_q)
-        ctx = kv_len - (q_end - q_start)
-        kv_end = jnp.where(last > first, jnp.minimum(kv_len, ctx + last - q_start), 0)
+        kv_end = visible_kv_end(seq, b, block_q, kv_lens_ref, cu_ref)
         n_pages = pl.cdiv(kv_end, page_size)
         n_kb = pl.cdiv(kv_end, kv_blk)
 
@@ -109,15 +94,9 @@ def _kernel(
                 start(seq, kb + 1, 1 - slot, n_pages)
 
             wait(seq, kb, slot, n_pages)
-            kpos_col = kb * kv_blk + jax.lax.broadcasted_iota(jnp.int32, (kv_blk, 1), 0)
-            kpos = kb * kv_blk + jax.lax.broadcasted_iota(jnp.int32, (1, kv_blk), 1)
-            vis = kpos < row_vis
-            if has_tree:
-                back = row_qpos - kpos
-                in_win = (back >= 0) & (back < KERNEL_TREE_WINDOW)
-                bit = (row_bits >> jnp.clip(back, 0, KERNEL_TREE_WINDOW - 1)) & 1
-                vis = vis | (in_win & (bit == 1))
-            mask = (row_seq == seq) & vis & (kpos < kv_end)  # [rows, kv_blk]
+            kpos_col, kpos = iota_positions(kb, kv_blk)
+            # [rows, kv_blk]
+            mask = key_mask(kpos, kv_end, row_seq == seq, row_vis, row_qpos, row_bits, has_tree)
             buf = kv_buf.at[slot]
             c_kv = buf[:, :rank]  # [kv_blk, R]
             k_rope = buf[:, rank:]  # [kv_blk, Dr]
@@ -127,14 +106,10 @@ def _kernel(
                  + jax.lax.dot_general(qr, k_rope, dims, precision=prec,
                                        preferred_element_type=jnp.float32))
             c_kv = jnp.where(kpos_col < kv_end, c_kv, jnp.zeros_like(c_kv))  # stale / NaN rows
-            m_prev = m_ref[...]
-            m_new = jnp.maximum(m_prev, jnp.max(jnp.where(mask, s, NEG), axis=1, keepdims=True))
-            p = jnp.where(mask, jnp.exp(s - m_new), 0.0)
-            alpha = jnp.exp(m_prev - m_new)
-            l_ref[...] = alpha * l_ref[...] + jnp.sum(p, axis=1, keepdims=True)
+            p, alpha, m_ref[...], l_ref[...] = online_softmax_step(s, mask, m_ref[...],
+                                                                   l_ref[...])
             acc_ref[...] = alpha * acc_ref[...] + jnp.dot(
                 p.astype(cdt), c_kv, precision=prec, preferred_element_type=jnp.float32)
-            m_ref[...] = m_new
             return c
 
         jax.lax.fori_loop(0, n_kb, per_kv_block, 0)

@@ -38,6 +38,10 @@ def test_two_process_slice_matches_one_process_tp2(tmp_path):
     env = dict(os.environ, JAX_PLATFORMS="cpu",
                PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p))
     env["XLA_FLAGS"] = xla_flags_without_device_count()
+    # a two-process executable and this process's tp=2 one can share a cache key (the key hashes
+    # device kinds, not processes): the workers neither read nor write the run's cache
+    env.pop("JAX_COMPILATION_CACHE_DIR", None)
+    env["JAX_ENABLE_COMPILATION_CACHE"] = "false"
     procs = [subprocess.Popen([sys.executable, str(WORKER), str(tmp_path / f"p{i}.json"), IMPLS,
                                str(i), "2", str(port)], env=env, stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True) for i in range(2)]

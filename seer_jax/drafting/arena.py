@@ -1,0 +1,257 @@
+"""The group draft context on array suffix automata, drafting and appending many requests at once.
+
+`ArenaDraftContext` is `GroupDraftContext` (same configuration, same methods, identical drafts:
+tokens, parents, probabilities, depths and match lengths) with every automaton of the group (the
+group's and each request's own) held in one arena of numpy arrays (`arena_kernels`) and the
+per-token work compiled with numba: `append_many` extends the automata with the tokens of many
+requests in one call, `speculate_many` drafts for many requests in one call
+(`arena_drafts.speculate`). The draft services use it; `GroupDraftContext` over
+`SuffixAutomaton` stays as the reference it is checked against (tests/drafting).
+
+Memory: the arena grows by doubling. A finished request's own automaton is no longer counted
+or drafted from, but its states stay in the arena until the group's context is dropped (a
+group's rollout ends with its requests).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+
+from seer_jax.drafting import arena_drafts as kd
+from seer_jax.drafting import arena_kernels as ka
+from seer_jax.drafting.context import DraftConfig, DraftMode
+from seer_jax.drafting.draft import Draft
+from seer_jax.errors import InputError
+
+
+def _token_array(tokens: list[int]) -> np.ndarray:
+    """int32 token ids; InputError for ids outside [0, 2**31)."""
+    try:
+        arr = np.array(tokens, np.int32)
+    except OverflowError:
+        arr = None
+    if arr is None or (arr.size and arr.min() < 0):
+        raise InputError(f"token ids must be in [0, 2**31): got {min(tokens)}..{max(tokens)}")
+    return arr
+
+
+class ArenaDraftContext:
+    """The draft context of one group (see module docstring and `GroupDraftContext`)."""
+
+    def __init__(self, config: DraftConfig | None = None, prompt_ids: Iterable[int] = ()) -> None:
+        self.config = (config or DraftConfig()).validate()
+        self._cd = self.config.max_match_len + 1
+        self._st = np.empty((64, 8), np.int32)
+        self._ed = np.empty((64, 3), np.int32)
+        self._hk = np.full(256, -1, np.int64)
+        self._hv = np.empty(256, np.int32)
+        self._meta = np.zeros(2, np.int64)  # states, transitions in use
+        self._sq = np.empty((8, 6), np.int32)
+        self._au = np.zeros((4, 2), np.int64)  # per automaton: states, positions appended
+        self._nseq = 0
+        self._naut = 0
+        self._prompt: list[int] = []
+        self._requests: dict[str, int] = {}  # request -> its sequence in the group automaton
+        self._own: dict[str, int] = {}  # request -> sequence 0 of its own automaton
+        self._group = self._new_automaton() if self.config.mode == "group" else -1
+        self._started = False
+        prompt = list(prompt_ids)
+        if prompt:
+            self.set_prompt(prompt)
+
+    # -- arena -----------------------------------------------------------------------------------
+
+    def _new_seq(self, row) -> int:
+        if self._nseq == self._sq.shape[0]:
+            self._sq = np.concatenate([self._sq, np.empty_like(self._sq)])
+        s = self._nseq
+        self._sq[s] = row
+        self._nseq += 1
+        return s
+
+    def _new_automaton(self) -> int:
+        """A new empty automaton in the arena; its first (empty) sequence."""
+        if self._naut == self._au.shape[0]:
+            self._au = np.concatenate([self._au, np.zeros_like(self._au)])
+        a = self._naut
+        self._naut += 1
+        self._st, self._ed, self._hk, self._hv, r = ka.new_root(
+            self._st, self._ed, self._hk, self._hv, self._meta, self._au, a)
+        return self._new_seq((r, r, 0, 0, r, a))
+
+    def _extend(self, seqs: list[int], chunks: list) -> None:
+        """Append chunks[i] (token lists or arrays) to sequence seqs[i], in order."""
+        if not seqs:
+            return
+        flat: list[int] = []
+        starts = [0]
+        for c in chunks:
+            flat.extend(c.tolist() if isinstance(c, np.ndarray) else c)
+            starts.append(len(flat))
+        if not flat:
+            return
+        toks = _token_array(flat)
+        starts = np.array(starts, np.int64)
+        self._st, self._ed, self._hk, self._hv = ka.extend(
+            self._st, self._ed, self._hk, self._hv, self._meta, self._sq, self._au,
+            np.asarray(seqs, np.int64), starts, toks, self._cd)
+
+    # -- building --------------------------------------------------------------------------------
+
+    @property
+    def mode(self) -> DraftMode:
+        return self.config.mode
+
+    @property
+    def prompt_ids(self) -> list[int]:
+        return list(self._prompt)
+
+    @property
+    def request_ids(self) -> list[str]:
+        return list(self._requests if self._group >= 0 else self._own)
+
+    def set_prompt(self, prompt_ids: Iterable[int]) -> None:
+        """Append to the group's prompt; only before any response token arrived."""
+        toks = [int(t) for t in prompt_ids]
+        if self._started:
+            raise InputError("the group's prompt cannot change after responses started")
+        self._prompt.extend(toks)
+        if self._group >= 0:
+            self._extend([self._group], [toks])
+
+    def start_request(self, request_id: str) -> None:
+        """Register a request (done implicitly by its first `append`)."""
+        self._started = True
+        if self._group >= 0 and request_id not in self._requests:
+            self._requests[request_id] = self._new_seq(self._sq[self._group])
+        if self._keeps_own() and request_id not in self._own:
+            own = self._own[request_id] = self._new_automaton()
+            self._extend([own], [self._prompt])
+
+    def _keeps_own(self) -> bool:
+        return self._group < 0 or self.config.own_context
+
+    def append(self, request_id: str, token_ids: Iterable[int]) -> None:
+        """Append generated tokens of a request."""
+        self.append_many([(request_id, token_ids)])
+
+    def append_many(self, items: Sequence[tuple[str, Iterable[int]]]) -> None:
+        """Append generated tokens of several requests [(request_id, tokens)], in order, in
+        one compiled call."""
+        seqs: list[int] = []
+        chunks: list = []
+        group, requests, owns = self._group, self._requests, self._own
+        keeps_own = self._keeps_own()
+        for rid, toks in items:
+            own = owns.get(rid)
+            if not self._started or (own is None and keeps_own) or (group >= 0
+                                                                    and rid not in requests):
+                self.start_request(rid)
+                own = owns.get(rid)
+            toks = toks if isinstance(toks, (list, tuple, np.ndarray)) else list(toks)
+            if group >= 0:
+                seqs.append(requests[rid])
+                chunks.append(toks)
+            if own is not None:
+                seqs.append(own)
+                chunks.append(toks)
+        self._extend(seqs, chunks)
+
+    def finish_request(self, request_id: str) -> None:
+        """The request will not be drafted for again. Group mode keeps its tokens (its siblings
+        still draft from them); its own automaton is no longer used or counted."""
+        self._own.pop(request_id, None)
+
+    # -- queries ---------------------------------------------------------------------------------
+
+    def _seqs(self, request_id: str) -> tuple[int, int]:
+        """The sequences the request drafts from: the group's (-1: none), its own (-1: none)."""
+        if request_id not in (self._requests if self._group >= 0 else self._own):
+            self.start_request(request_id)
+        return self._requests.get(request_id, -1), self._own.get(request_id, -1)
+
+    def speculate(self, request_id: str, max_nodes: int = 8, max_depth: int = 8, width: int = 1,
+                  min_prob: float | None = None) -> Draft:
+        """See `GroupDraftContext.speculate`."""
+        return self.speculate_many([(request_id, max_nodes, max_depth, width, min_prob)])[0]
+
+    def speculate_many(self, queries: Sequence[tuple]) -> list[Draft]:
+        """Drafts for [(request_id, max_nodes, max_depth, width, min_prob)], in one call."""
+        if not queries:
+            return []
+        seqs = np.array([self._seqs(q[0]) for q in queries], np.int64).reshape(-1, 2)
+        roots, states, lens = kd.suffix_states(self._st, self._sq, seqs, self.config.max_match_len)
+        return self._drafts(roots, states, lens, queries)
+
+    def speculate_pattern(self, pattern: Sequence[int], request_id: str | None = None,
+                          max_nodes: int = 8, max_depth: int = 8, width: int = 1,
+                          min_prob: float | None = None) -> Draft:
+        """See `GroupDraftContext.speculate_pattern`."""
+        if self._group < 0 and request_id is None:
+            raise InputError("per_request mode needs a request_id to draft from")
+        if self._group < 0:
+            seqs = [self._seqs(request_id)[1]]
+        else:
+            seqs = [self._group] + ([self._own[request_id]] if request_id in self._own else [])
+        cap = self.config.max_match_len
+        pat = _token_array(list(pattern)[-cap:]).astype(np.int64)
+        roots = np.full((1, 2), -1, np.int64)
+        states = np.zeros((1, 2), np.int64)
+        lens = np.zeros((1, 2), np.int64)
+        for c, seq in enumerate(seqs):
+            root = int(self._sq[seq, ka.ROOT])
+            roots[0, c] = root
+            states[0, c], lens[0, c] = ka.match(self._st, self._ed, self._hk, self._hv, root,
+                                                pat, cap, self._cd)
+        return self._drafts(roots, states, lens, [(request_id, max_nodes, max_depth, width,
+                                                   min_prob)])[0]
+
+    def _drafts(self, roots, states, lens, queries) -> list[Draft]:
+        cfg = self.config
+        mp = cfg.min_prob
+        q = len(queries)
+        max_nodes = np.fromiter((x[1] for x in queries), np.int64, q)
+        max_depth = np.fromiter((x[2] for x in queries), np.int64, q)
+        width = np.fromiter((x[3] for x in queries), np.int64, q)
+        min_prob = np.fromiter((mp if x[4] is None else x[4] for x in queries), np.float64, q)
+        factor = -1.0 if cfg.max_spec_factor is None else float(cfg.max_spec_factor)
+        starts, n, ml, tok, par, prob, dep = kd.speculate(
+            self._st, self._ed, self._hk, self._hv, roots, states, lens, max_nodes, max_depth,
+            width, min_prob, cfg.max_match_len, cfg.min_match_len, cfg.match_candidates, factor,
+            float(cfg.max_spec_offset), float(cfg.prior), cfg.merge_trees)
+        for a in (tok, par, prob, dep):
+            a.flags.writeable = False
+        out = []
+        for s, k, m in zip(starts.tolist(), n.tolist(), ml.tolist(), strict=False):
+            if k:
+                e = s + k
+                out.append(Draft(tok[s:e], par[s:e], prob[s:e], m, dep[s:e]))
+            else:
+                out.append(Draft.empty(m))
+        return out
+
+    # -- stats -----------------------------------------------------------------------------------
+
+    def _automata(self) -> list[int]:
+        seqs = list(self._own.values()) + ([self._group] if self._group >= 0 else [])
+        return [int(self._sq[s, ka.AUT]) for s in seqs]
+
+    def num_tokens(self) -> int:
+        """Positions indexed (group mode: prompt once + every response)."""
+        return int(sum(self._au[a, 1] for a in self._automata()))
+
+    def num_states(self) -> int:
+        return int(sum(self._au[a, 0] for a in self._automata()))
+
+
+def compile_kernels() -> None:
+    """Compile (or load from numba's on-disk cache) every kernel the contexts use, by drafting
+    from a small context: a process that does this first writes the cache that processes
+    started after it load."""
+    for mode in ("group", "per_request"):
+        ctx = ArenaDraftContext(DraftConfig(mode=mode), [1, 2, 3, 1, 2])
+        ctx.append_many([("a", [3, 1]), ("b", [2])])
+        ctx.speculate_many([("a", 8, 8, 1, None), ("b", 8, 8, 2, None)])
+        ctx.speculate_pattern([1, 2], "a")

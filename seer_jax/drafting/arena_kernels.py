@@ -1,0 +1,310 @@
+"""Compiled (numba) kernels of the array suffix automata (`arena.ArenaDraftContext`).
+
+Every automaton of one group's draft context lives in one arena of arrays:
+
+- states `st` int32 [capacity, 8]: longest length, suffix link (-1 at a root), occurrence
+  count, continuation total, most frequent continuation (-1: none), first and last outgoing
+  transition, number of transitions;
+- transitions `ed` int32 [capacity, 3]: token, target state, the state's next transition (its
+  transitions form a list in insertion order, the order in which a Python dict would hold them:
+  ties between equally frequent continuations are broken by it);
+- a hash table `hk` int64 / `hv` int32 [power of 2] from (state, token) to the transition;
+- sequences `sq` int32 [capacity, 6]: last state, count pointer (state, length), length,
+  root state and automaton of the sequence;
+- automata `au` int64 [capacity, 2]: states and appended positions of each;
+- `meta` int64 [2]: states and transitions in use.
+
+The algorithms are those of `suffix_automaton.SuffixAutomaton` and `draft.build_draft` /
+`draft.merge_drafts` / `context.GroupDraftContext` (the reference implementation), step for step,
+with the same floating-point operations in the same order, so that drafts are identical; a root
+is any state whose link is -1 (the reference's state 0). Kernels that may add states or
+transitions return the arena's arrays (grown when full).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+# state columns
+LEN, LINK, COUNT, TOTAL, BEST, HEAD, TAIL, NCH = range(8)
+# transition columns
+TOK, TGT, NXT = range(3)
+# sequence columns
+LAST, WSTATE, WLEN, SEQLEN, ROOT, AUT = range(6)
+
+_MUL = np.uint64(0x9E3779B97F4A7C15)
+
+
+@njit(cache=True, inline="always")
+def _slot(key, mask):
+    return np.int64((np.uint64(key) * _MUL) >> np.uint64(29)) & mask
+
+
+@njit(cache=True)
+def _find(hk, hv, v, c):
+    """The transition (state v, token c), -1: none."""
+    key = (np.int64(v) << 32) | np.int64(c)
+    mask = hk.size - 1
+    i = _slot(key, mask)
+    while True:
+        k = hk[i]
+        if k == key:
+            return hv[i]
+        if k == -1:
+            return -1
+        i = (i + 1) & mask
+
+
+@njit(cache=True)
+def _get(st, ed, hk, hv, v, c):
+    e = _find(hk, hv, v, c)
+    return ed[e, TGT] if e >= 0 else -1
+
+
+@njit(cache=True)
+def _hash_put(hk, hv, key, e):
+    mask = hk.size - 1
+    i = _slot(key, mask)
+    while hk[i] != -1:
+        i = (i + 1) & mask
+    hk[i] = key
+    hv[i] = e
+
+
+@njit(cache=True, inline="always")
+def _full(st, ed, hk, meta, ns, ne):
+    """Whether the arena lacks room for ns more states or ne more transitions."""
+    return (meta[0] + ns >= st.shape[0] or meta[1] + ne >= ed.shape[0]
+            or 2 * (meta[1] + ne) >= hk.size)
+
+
+@njit(cache=True)
+def _room(st, ed, hk, hv, meta, ns, ne):
+    """The arena's arrays, grown (doubled) to hold ns more states and ne more transitions.
+    (Called only when `_full`: returning arrays costs more than the check.)"""
+    while meta[0] + ns >= st.shape[0]:
+        big = np.empty((2 * st.shape[0], st.shape[1]), np.int32)
+        big[:st.shape[0]] = st
+        st = big
+    while meta[1] + ne >= ed.shape[0]:
+        big = np.empty((2 * ed.shape[0], ed.shape[1]), np.int32)
+        big[:ed.shape[0]] = ed
+        ed = big
+    size = hk.size
+    while 2 * (meta[1] + ne) >= size:
+        size *= 2
+    if size != hk.size:
+        hk2 = np.full(size, -1, np.int64)
+        hv2 = np.empty(size, np.int32)
+        for i in range(hk.size):
+            if hk[i] != -1:
+                _hash_put(hk2, hv2, hk[i], hv[i])
+        hk, hv = hk2, hv2
+    return st, ed, hk, hv
+
+
+@njit(cache=True)
+def _add_edge(st, ed, hk, hv, meta, v, c, tgt):
+    """A new transition v --c--> tgt, last in v's list (room must have been made)."""
+    e = meta[1]
+    meta[1] += 1
+    ed[e, TOK] = c
+    ed[e, TGT] = tgt
+    ed[e, NXT] = -1
+    if st[v, HEAD] < 0:
+        st[v, HEAD] = e
+    else:
+        ed[st[v, TAIL], NXT] = e
+    st[v, TAIL] = e
+    st[v, NCH] += 1
+    _hash_put(hk, hv, (np.int64(v) << 32) | np.int64(c), e)
+
+
+@njit(cache=True)
+def _new_state(st, meta, au, a, length, link, count, total, best):
+    s = meta[0]
+    meta[0] += 1
+    au[a, 0] += 1
+    st[s, LEN] = length
+    st[s, LINK] = link
+    st[s, COUNT] = count
+    st[s, TOTAL] = total
+    st[s, BEST] = best
+    st[s, HEAD] = -1
+    st[s, TAIL] = -1
+    st[s, NCH] = 0
+    return s
+
+
+@njit(cache=True)
+def new_root(st, ed, hk, hv, meta, au, a):
+    if _full(st, ed, hk, meta, 1, 1):
+        st, ed, hk, hv = _room(st, ed, hk, hv, meta, 1, 1)
+    r = _new_state(st, meta, au, a, 0, -1, 0, 0, -1)
+    return st, ed, hk, hv, r
+
+
+@njit(cache=True)
+def _clone(st, ed, hk, hv, meta, au, a, q, length):
+    """A new state with q's transitions (in q's order) and statistics (room for 1 state and
+    q's transitions must have been made)."""
+    s = _new_state(st, meta, au, a, length, st[q, LINK], st[q, COUNT], st[q, TOTAL], st[q, BEST])
+    e = st[q, HEAD]
+    while e >= 0:
+        _add_edge(st, ed, hk, hv, meta, s, ed[e, TOK], ed[e, TGT])
+        e = ed[e, NXT]
+    return s
+
+
+@njit(cache=True)
+def extend(st, ed, hk, hv, meta, sq, au, seqs, starts, tokens, cd):
+    """Append tokens[starts[i]:starts[i + 1]] to sequence seqs[i], for each i in order
+    (`SuffixAutomaton.extend`, root = the sequence's root). Returns the arena's arrays."""
+    for i in range(seqs.size):
+        seq = seqs[i]
+        a = sq[seq, AUT]
+        root = sq[seq, ROOT]
+        for j in range(starts[i], starts[i + 1]):
+            c = tokens[j]
+            last = sq[seq, LAST]
+            q = _get(st, ed, hk, hv, last, c)
+            if q >= 0:
+                if st[q, LEN] == st[last, LEN] + 1:
+                    cur = q
+                else:
+                    if _full(st, ed, hk, meta, 1, st[q, NCH]):
+                        st, ed, hk, hv = _room(st, ed, hk, hv, meta, 1, st[q, NCH])
+                    cur = _clone(st, ed, hk, hv, meta, au, a, q, st[last, LEN] + 1)
+                    p = last
+                    while p != -1:
+                        e = _find(hk, hv, p, c)
+                        if e < 0 or ed[e, TGT] != q:
+                            break
+                        ed[e, TGT] = cur
+                        p = st[p, LINK]
+                    st[q, LINK] = cur
+            else:
+                if _full(st, ed, hk, meta, 1, 0):
+                    st, ed, hk, hv = _room(st, ed, hk, hv, meta, 1, 0)
+                cur = _new_state(st, meta, au, a, st[last, LEN] + 1, root, 0, 0, -1)
+                p = last
+                while p != -1 and _find(hk, hv, p, c) < 0:
+                    if _full(st, ed, hk, meta, 0, 1):
+                        st, ed, hk, hv = _room(st, ed, hk, hv, meta, 0, 1)
+                    _add_edge(st, ed, hk, hv, meta, p, c, cur)
+                    p = st[p, LINK]
+                if p != -1:
+                    q = _get(st, ed, hk, hv, p, c)
+                    if st[p, LEN] + 1 == st[q, LEN]:
+                        st[cur, LINK] = q
+                    else:
+                        if _full(st, ed, hk, meta, 1, st[q, NCH]):
+                            st, ed, hk, hv = _room(st, ed, hk, hv, meta, 1, st[q, NCH])
+                        cl = _clone(st, ed, hk, hv, meta, au, a, q, st[p, LEN] + 1)
+                        while p != -1:
+                            e = _find(hk, hv, p, c)
+                            if e < 0 or ed[e, TGT] != q:
+                                break
+                            ed[e, TGT] = cl
+                            p = st[p, LINK]
+                        st[q, LINK] = cl
+                        st[cur, LINK] = cl
+            sq[seq, LAST] = cur
+            sq[seq, SEQLEN] += 1
+            au[a, 1] += 1
+            _count(st, ed, hk, hv, sq, seq, root, c, cd)
+    return st, ed, hk, hv
+
+
+@njit(cache=True)
+def _count(st, ed, hk, hv, sq, seq, root, c, cd):
+    # the count pointer moves to the new count_depth-suffix; the new end position is counted
+    # in every short state of its suffix-link chain
+    w0 = sq[seq, WSTATE]
+    k0 = sq[seq, WLEN]
+    while w0 != root and k0 <= st[st[w0, LINK], LEN]:
+        w0 = st[w0, LINK]
+    w = w0
+    k = k0
+    if k == cd:
+        k -= 1
+        if k <= st[st[w, LINK], LEN]:
+            w = st[w, LINK]
+    w = _get(st, ed, hk, hv, w, c)
+    k += 1
+    sq[seq, WSTATE] = w
+    sq[seq, WLEN] = k
+    while w != -1:
+        st[w, COUNT] += 1
+        w = st[w, LINK]
+    # the contexts the token continues: their continuation totals and most frequent child.
+    # Context v's child by c holds the new sequence's suffixes v·c, so it is on the chain just
+    # counted: x follows that chain down, to the state holding the length of v's shortest
+    # string + 1 (no lookup by hash)
+    x = sq[seq, WSTATE]
+    v = w0
+    if v != root and st[st[v, LINK], LEN] >= cd - 1:
+        v = st[v, LINK]
+    while v != -1:
+        st[v, TOTAL] += 1
+        b = st[v, BEST]
+        if b != c:
+            need = st[st[v, LINK], LEN] + 2 if v != root else 1
+            while st[x, LINK] >= 0 and st[st[x, LINK], LEN] >= need:
+                x = st[x, LINK]
+            if b < 0 or st[x, COUNT] > st[_get(st, ed, hk, hv, v, b), COUNT]:
+                st[v, BEST] = c
+        v = st[v, LINK]
+
+
+@njit(cache=True)
+def _clamp(st, root, state, length, max_len):
+    if length <= max_len:
+        return state, length
+    while state != root and max_len <= st[st[state, LINK], LEN]:
+        state = st[state, LINK]
+    return state, max_len
+
+
+@njit(cache=True)
+def _suffix_state(st, sq, seq, max_len):
+    root = sq[seq, ROOT]
+    w = sq[seq, WSTATE]
+    k = sq[seq, WLEN]
+    while w != root and k <= st[st[w, LINK], LEN]:
+        w = st[w, LINK]
+    sq[seq, WSTATE] = w
+    if max_len < k:
+        return _clamp(st, root, w, k, max_len)
+    return w, k
+
+
+@njit(cache=True)
+def match(st, ed, hk, hv, root, pattern, max_len, cd):
+    """Longest suffix of `pattern` (≤ max_len) occurring in the automaton at `root`."""
+    v = root
+    k = 0
+    max_len = min(max_len, cd)
+    for t in pattern:
+        while v != root and _find(hk, hv, v, t) < 0:
+            v = st[v, LINK]
+            k = st[v, LEN]
+        x = _get(st, ed, hk, hv, v, t)
+        if x < 0:
+            v = root
+            k = 0
+            continue
+        v = x
+        k += 1
+        if k > max_len:
+            v, k = _clamp(st, root, v, k, max_len)
+    return v, k
+
+
+@njit(cache=True)
+def _with_continuation(st, root, state, length):
+    while state != root and st[state, NCH] == 0:
+        state = st[state, LINK]
+        length = st[state, LEN]
+    return state, length
