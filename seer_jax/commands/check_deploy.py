@@ -39,7 +39,13 @@ def run(args: argparse.Namespace) -> int:
     if args.compile:
         import os
 
-        os.environ.setdefault("JAX_PLATFORMS", "cpu")  # compile-only: no device is used
+        import jax
+
+        # compile-only: no device is used. jax read JAX_PLATFORMS when it was imported (loading
+        # the config imports it), so an unset one is set through its config; with the GPU
+        # compiler installed and no GPU attached, jax would otherwise fail to start CUDA
+        if not os.environ.get("JAX_PLATFORMS"):
+            jax.config.update("jax_platforms", "cpu")
         from seer_jax.hardware.deploy import compile_config
 
         steps = compile_config(c, args.impl, tuple(k for k in args.kinds.split(",") if k))
