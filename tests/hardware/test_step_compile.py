@@ -106,7 +106,7 @@ def test_deploy_step_compiles_and_fits(name, impl, kind):
     # the DeepSeek-V3 family: latent cache whole on every device (its heads split over tp)
     pytest.param("moonlight-16b-a3b", "v6e", 4, "auto", marks=pytest.mark.exhaustive),
     pytest.param("moonlight-16b-a3b", "h100", 2, "auto", marks=pytest.mark.exhaustive),
-    ("kimi-k2", "v5p", 32, "auto"),  # a layer scan: about 30 s
+    pytest.param("kimi-k2", "v5p", 32, "auto", marks=pytest.mark.exhaustive),  # about 30 s
     pytest.param("kimi-k2", "h200", 32, "auto", marks=pytest.mark.exhaustive),
 ])
 def test_decode_step_reads_little_beyond_weights_and_kv(model, target, tp, layer_weights):
