@@ -23,7 +23,9 @@ is hit), with no sorted copy of the rows: the compilers lower ragged_dot poorly 
 XLA:TPU copies a stacked layer's expert weights out of the stack before its ragged dot, which it
 does not fuse with the slice). Its extra flops (experts / k times the routed ones) stay under the
 chips' flops per weight byte at these batch sizes. Larger batches (prefill, verify) and the CPU
-keep the grouped ragged_dot. Parameters of one MoE layer (keys of a layer's params, `MOE_KEYS`):
+keep the grouped ragged_dot on TPU and CPU; GPUs run `grouped_matmul.blocked_experts` (rows sorted
+into blocks each owned by one expert, batched matmuls over the blocks: XLA:GPU's masked-GEMM
+ragged_dot would need gigabytes of temporaries at a prefill chunk). Parameters of one MoE layer (keys of a layer's params, `MOE_KEYS`):
   router      [embed, experts]               float32 logits
   router_bias [experts]                      the choice's score correction (sigmoid routers)
   we_gate, we_up [experts, embed, moe_mlp]; we_down [experts, moe_mlp, embed]
@@ -40,6 +42,7 @@ import jax.numpy as jnp
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
+from seer_jax.model.grouped_matmul import blocked_experts
 from seer_jax.model.moe_config import MoeConfig
 
 EP_AXIS = "tp"
@@ -145,13 +148,19 @@ def routed_experts(x_nd: jax.Array, weights_nk: jax.Array, ids_nk: jax.Array,
 DENSE_MAX_TOKENS = 256
 
 
+def _platform(mesh: Mesh | None) -> str:
+    return mesh.devices.flat[0].platform if mesh is not None else jax.default_backend()
+
+
 def use_dense_experts(num_tokens: int, mesh: Mesh | None) -> bool:
     """Whether a step of `num_tokens` tokens runs `dense_experts` (TPU and GPU, decode-sized)."""
-    if mesh is not None:
-        platform = mesh.devices.flat[0].platform
-    else:
-        platform = jax.default_backend()
-    return num_tokens <= DENSE_MAX_TOKENS and platform in ("tpu", "gpu", "cuda", "rocm")
+    return num_tokens <= DENSE_MAX_TOKENS and _platform(mesh) in ("tpu", "gpu", "cuda", "rocm")
+
+
+def use_blocked_experts(num_tokens: int, mesh: Mesh | None) -> bool:
+    """Whether a step of `num_tokens` tokens not run by `dense_experts` runs
+    `grouped_matmul.blocked_experts` (GPU) rather than the grouped ragged_dot."""
+    return _platform(mesh) in ("gpu", "cuda", "rocm")
 
 
 def dense_experts(x_nd: jax.Array, weights_nk: jax.Array, ids_nk: jax.Array, w_gate: jax.Array,
@@ -188,12 +197,15 @@ def routed_experts_ep(x_nd: jax.Array, weights_nk: jax.Array, ids_nk: jax.Array,
     local = num_experts // ep
 
     dense = use_dense_experts(N, mesh)
+    blocked = not dense and use_blocked_experts(N, mesh)
 
     def body(x, w, ids, w_gate, w_up, w_down):
         shard = jax.lax.axis_index(EP_AXIS)
         first = shard * local
         if dense:
             return jax.lax.psum(dense_experts(x, w, ids, w_gate, w_up, w_down, first), EP_AXIS)
+        if blocked:
+            return jax.lax.psum(blocked_experts(x, w, ids, w_gate, w_up, w_down, first), EP_AXIS)
         order, sizes = sort_by_expert(ids, num_experts)
         start = jnp.sum(jnp.where(jnp.arange(num_experts) < first, sizes, 0))
         local_sizes = jax.lax.dynamic_slice_in_dim(sizes, first, local)
@@ -224,6 +236,9 @@ def moe_mlp(h_nd: jax.Array, lp: dict[str, Any], moe: MoeConfig,
     elif use_dense_experts(h_nd.shape[0], mesh):
         out = dense_experts(h_nd, weights, ids, lp["we_gate"], lp["we_up"],
                             lp["we_down"]).astype(h_nd.dtype)
+    elif use_blocked_experts(h_nd.shape[0], mesh):
+        out = blocked_experts(h_nd, weights, ids, lp["we_gate"], lp["we_up"],
+                              lp["we_down"]).astype(h_nd.dtype)
     else:
         out = routed_experts(h_nd, weights, ids, lp)
     if moe.shared_intermediate_size:
