@@ -79,6 +79,7 @@ from seer_jax.model.llama import (
     split_layers,
     stack_layers,
 )
+from seer_jax.model import moe
 from seer_jax.model.sharding import ShardingRules, shard_params
 from seer_jax.pallas.kv_layout import interleave_kv, split_kv
 
@@ -302,6 +303,14 @@ class ModelRunner:
             dev["tokens"] = self._merge_tokens(dev["tokens"], self.device_input(batch.token_src),
                                                prev.packed)
         return dev
+
+    def expert_dispatch(self, num_tokens: int) -> str:
+        """How a step of `num_tokens` (padded) tokens reaches the MoE experts
+        (`moe.expert_dispatch`; "" for a dense model)."""
+        if self.cfg.moe is None:
+            return ""
+        return moe.expert_dispatch(num_tokens, self.plan.expert_mesh, self.cfg.moe,
+                               self.cfg.hidden_size, jnp.dtype(jnp_dtype(self.cfg)).itemsize)
 
     def launch(self, batch: StepBatch, num_top: int = 0, prev: Launched | None = None, *,
                wait_inputs: bool = False) -> Launched:

@@ -36,6 +36,30 @@ BLOCK_ROWS = 256
 GROUP_BLOCKS = 8
 
 
+def sort_by_expert(ids_nk: jax.Array, num_experts: int) -> tuple[jax.Array, jax.Array]:
+    """(order [N*k]: the flat (token, slot) pairs sorted by expert, stable; group sizes [E]).
+    A counting sort (each pair's place: its expert's first row plus the pairs of that expert
+    before it), the permutation a stable argsort gives: XLA:GPU sorts large arrays with CUB,
+    whose workspace query needs an attached device, so a prefill-sized step would not compile
+    ahead of time."""
+    flat = ids_nk.reshape(-1)
+    onehot = (flat[:, None] == jnp.arange(num_experts)[None, :]).astype(jnp.int32)  # [M, E]
+    before = jnp.cumsum(onehot, axis=0) - onehot
+    sizes = jnp.sum(onehot, axis=0)
+    starts = jnp.cumsum(sizes) - sizes
+    rank = jnp.take_along_axis(before, flat[:, None], axis=1)[:, 0]
+    place = starts[flat] + rank
+    order = jnp.zeros_like(flat).at[place].set(jnp.arange(flat.shape[0], dtype=flat.dtype),
+                                               unique_indices=True)
+    return order, sizes
+
+
+def inverse_permutation(order: jax.Array) -> jax.Array:
+    """Where each element went: inv[order[i]] = i (gathering by it undoes the permutation)."""
+    return jnp.zeros_like(order).at[order].set(jnp.arange(order.shape[0], dtype=order.dtype),
+                                               unique_indices=True)
+
+
 def num_blocks(num_pairs: int, num_local: int, block: int, group: int) -> int:
     """Static bound on the blocks `num_pairs` pairs over `num_local` experts fill, rounded up to
     whole groups."""

@@ -42,8 +42,9 @@ import jax.numpy as jnp
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
-from seer_jax.model.grouped_matmul import blocked_experts
+from seer_jax.model.grouped_matmul import blocked_experts, inverse_permutation, sort_by_expert
 from seer_jax.model.moe_config import MoeConfig
+from seer_jax.model.moe_dispatch import all_to_all_experts, dispatch_bytes
 
 EP_AXIS = "tp"
 
@@ -104,24 +105,6 @@ def route(h_nd: jax.Array, lp: dict[str, Any], moe: MoeConfig) -> tuple[jax.Arra
     if moe.routed_scaling_factor != 1.0:
         weights = weights * moe.routed_scaling_factor
     return weights, ids.astype(jnp.int32)
-
-
-def sort_by_expert(ids_nk: jax.Array, num_experts: int) -> tuple[jax.Array, jax.Array]:
-    """(order [N*k]: the flat (token, slot) pairs sorted by expert, stable; group sizes [E]).
-    A counting sort (each pair's place: its expert's first row plus the pairs of that expert
-    before it), the permutation a stable argsort gives: XLA:GPU sorts large arrays with CUB,
-    whose workspace query needs an attached device, so a prefill-sized step would not compile
-    ahead of time."""
-    flat = ids_nk.reshape(-1)
-    onehot = (flat[:, None] == jnp.arange(num_experts)[None, :]).astype(jnp.int32)  # [M, E]
-    before = jnp.cumsum(onehot, axis=0) - onehot
-    sizes = jnp.sum(onehot, axis=0)
-    starts = jnp.cumsum(sizes) - sizes
-    rank = jnp.take_along_axis(before, flat[:, None], axis=1)[:, 0]
-    place = starts[flat] + rank
-    order = jnp.zeros_like(flat).at[place].set(jnp.arange(flat.shape[0], dtype=flat.dtype),
-                                               unique_indices=True)
-    return order, sizes
 
 
 def expert_mlp(x_md: jax.Array, sizes_e: jax.Array, w_gate: jax.Array, w_up: jax.Array,
@@ -188,8 +171,38 @@ def expert_parallel(mesh: Mesh | None, num_experts: int) -> int:
     return ep if ep > 1 and num_experts % ep == 0 else 1
 
 
+def expert_dispatch(num_tokens: int, mesh: Mesh | None, moe: MoeConfig, hidden_size: int,
+                    itemsize: int) -> str:
+    """How a step of `num_tokens` tokens reaches its experts: "local" (no expert parallelism),
+    "psum" (every device's experts over all tokens, partial outputs added; always for
+    decode-sized batches on TPU and GPU) or "all_to_all" (`moe_dispatch`: when it sends fewer
+    bytes per device than the psum, `dispatch_bytes`)."""
+    ep = expert_parallel(mesh, moe.num_experts)
+    if ep == 1:
+        return "local"
+    if use_dense_experts(num_tokens, mesh):
+        return "psum"
+    sent = dispatch_bytes(num_tokens, hidden_size, moe.num_experts_per_tok, ep, itemsize)
+    return "all_to_all" if sent["all_to_all"] < sent["psum"] else "psum"
+
+
+def expert_rows(x_md: jax.Array, lid_m: jax.Array, w_gate: jax.Array, w_up: jax.Array,
+                w_down: jax.Array, blocked: bool) -> jax.Array:
+    """SwiGLU of each row by its local expert lid_m (rows of other experts: zeros) -> [M, d]."""
+    M = x_md.shape[0]
+    local = w_gate.shape[0]
+    if blocked:
+        ones = jnp.ones((M, 1), jnp.float32)
+        return blocked_experts(x_md, ones, lid_m[:, None], w_gate, w_up, w_down).astype(x_md.dtype)
+    mine = (lid_m >= 0) & (lid_m < local)
+    order, sizes = sort_by_expert(jnp.where(mine, lid_m, local)[:, None], local + 1)
+    y = expert_mlp(x_md[order], sizes[:local], w_gate, w_up, w_down)
+    y = jnp.where((jnp.arange(M) < jnp.sum(sizes[:local]))[:, None], y, 0)
+    return y[inverse_permutation(order)]
+
+
 def routed_experts_ep(x_nd: jax.Array, weights_nk: jax.Array, ids_nk: jax.Array,
-                      lp: dict[str, Any], mesh: Mesh) -> jax.Array:
+                      lp: dict[str, Any], mesh: Mesh, moe: MoeConfig) -> jax.Array:
     """`routed_experts` with the experts split over the mesh's "tp" axis (see the module doc)."""
     N, k = ids_nk.shape
     num_experts = lp["we_gate"].shape[0]
@@ -198,8 +211,14 @@ def routed_experts_ep(x_nd: jax.Array, weights_nk: jax.Array, ids_nk: jax.Array,
 
     dense = use_dense_experts(N, mesh)
     blocked = not dense and use_blocked_experts(N, mesh)
+    dispatch = expert_dispatch(N, mesh, moe, x_nd.shape[1], x_nd.dtype.itemsize)
 
     def body(x, w, ids, w_gate, w_up, w_down):
+        if dispatch == "all_to_all":
+            return all_to_all_experts(
+                x, w, ids, axis=EP_AXIS, ep=ep, num_experts=num_experts,
+                rows_fn=lambda rows, lid: expert_rows(rows, lid, w_gate, w_up, w_down, blocked),
+                emulate=_platform(mesh) == "cpu")
         shard = jax.lax.axis_index(EP_AXIS)
         first = shard * local
         if dense:
@@ -232,7 +251,7 @@ def moe_mlp(h_nd: jax.Array, lp: dict[str, Any], moe: MoeConfig,
     whose "tp" axis divides the experts, the experts run expert-parallel over it."""
     weights, ids = route(h_nd, lp, moe)
     if expert_parallel(mesh, moe.num_experts) > 1:
-        out = routed_experts_ep(h_nd, weights, ids, lp, mesh)
+        out = routed_experts_ep(h_nd, weights, ids, lp, mesh, moe)
     elif use_dense_experts(h_nd.shape[0], mesh):
         out = dense_experts(h_nd, weights, ids, lp["we_gate"], lp["we_up"],
                             lp["we_down"]).astype(h_nd.dtype)
