@@ -71,6 +71,7 @@ from seer_jax.engine.step_fns import (  # noqa: F401 (several are re-exported)
     step_jit,
     verify_outputs,
 )
+from seer_jax.model import moe
 from seer_jax.model.config import ModelConfig
 from seer_jax.model.llama import (
     Params,
@@ -79,7 +80,6 @@ from seer_jax.model.llama import (
     split_layers,
     stack_layers,
 )
-from seer_jax.model import moe
 from seer_jax.model.sharding import ShardingRules, shard_params
 from seer_jax.pallas.kv_layout import interleave_kv, split_kv
 

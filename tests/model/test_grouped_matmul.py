@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from seer_jax.model.config import tiny_config
-from seer_jax.model.grouped_matmul import blocked_experts, block_layout, num_blocks
+from seer_jax.model.grouped_matmul import block_layout, blocked_experts, num_blocks
 from seer_jax.model.llama import init_params, split_layers
 from seer_jax.model.moe import MOE_AXES, moe_mlp, routed_experts
 from seer_jax.model.moe_config import MoeConfig
