@@ -16,9 +16,8 @@ from tests.hardware.compilers import require_compiler
 CONFIGS = pathlib.Path(__file__).resolve().parents[2] / "configs"
 MOE = ("tpu_v5p64_qwen3_30b_a3b", "gpu_8xh100_qwen3_30b_a3b", "tpu_v5p64_qwen3_235b_a22b",
        "gpu_8xh200_qwen3_235b_a22b")
-# MoE steps whose prefill-sized expert matmuls do not fit per XLA:GPU
-KNOWN_UNFIT = {("gpu_8xh100_qwen3_30b_a3b", "mixed"), ("gpu_8xh100_qwen3_30b_a3b", "verify"),
-               ("gpu_8xh200_qwen3_235b_a22b", "verify")}
+# steps that do not fit per the compiler (none)
+KNOWN_UNFIT: set[tuple[str, str]] = set()
 DEPLOY = ("tpu_v5p64_qwen25_7b", "tpu_v6e32_llama3_8b", "gpu_8xh200", "gpu_4x8xh100_llama31_405b",
           *MOE)
 
@@ -46,12 +45,7 @@ def _cases():
                     slow = (impl, kind) != ("auto", "decode") or name.startswith("gpu")
                 marks = [pytest.mark.exhaustive] if slow else []
                 if (name, kind) in KNOWN_UNFIT:
-                    # XLA:GPU lowers the prefill's ragged_dot to a masked GEMM over a
-                    # [rows, local experts x hidden] operand (H100: 17 GiB of temporaries at
-                    # 65,536 (token, expert) rows over 64 local experts; H200's verify step
-                    # misses by 0.09 GiB)
-                    marks.append(pytest.mark.xfail(reason="ragged_dot temporaries on XLA:GPU",
-                                                   strict=False))
+                    marks.append(pytest.mark.xfail(reason="does not fit", strict=False))
                 out.append(pytest.param(name, impl, kind, id=f"{name}-{impl}-{kind}", marks=marks))
     return out
 
