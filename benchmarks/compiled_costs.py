@@ -19,8 +19,7 @@ slices' bytes, each kernel call at its own estimate); with the instructions that
 
 Mixtures of experts: `--deploy FILE[,FILE]` adds deployment configs (configs/*.py) to part 1,
 named by their file, each on its own chip (`mesh.chip`) at decode batch 1/32/256 x context
-1K/8K and prefill chunks of 2,048 and 8,192 tokens (`--deploy-only`: without the default
-models); their model config's `cost_spec()` must give the MoE/MLA `ModelSpec`
+8K and a prefill chunk of 2,048 tokens (`--deploy-only`: without the default models); their model config's `cost_spec()` must give the MoE/MLA `ModelSpec`
 (`seer_jax.costs.spec_from_hf_config` builds one from the architecture fields). The roofline
 then reads the shared weights plus the distinct experts the step's tokens hit
 (`expected_distinct_experts`); each row also carries `costs_py_all_experts_s`, the roofline
@@ -179,8 +178,7 @@ def main() -> int:
     for name, (cfg, target) in deploy.items():
         if args.bytes_only:
             break
-        for b, c, pre in [(b, c, 0) for b in (1, 32, 256) for c in (1024, 8192)] + [
-                (1, 0, 2048), (1, 0, 8192)]:
+        for b, c, pre in [(b, 8192, 0) for b in (1, 32, 256)] + [(1, 0, 2048)]:
             rows.append(roofline_point(name, cfg, target, args.impl, b, c, prefill=pre,
                                        layer_weights="per_layer"))
             _print_row(name, target, rows[-1])

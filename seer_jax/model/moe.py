@@ -110,9 +110,12 @@ def route(h_nd: jax.Array, lp: dict[str, Any], moe: MoeConfig) -> tuple[jax.Arra
 def expert_mlp(x_md: jax.Array, sizes_e: jax.Array, w_gate: jax.Array, w_up: jax.Array,
                w_down: jax.Array) -> jax.Array:
     """SwiGLU of rows grouped by expert ([M, d], contiguous groups of `sizes_e` rows) -> [M, d]."""
-    g = jax.lax.ragged_dot(x_md, w_gate, sizes_e)
-    u = jax.lax.ragged_dot(x_md, w_up, sizes_e)
-    return jax.lax.ragged_dot(jax.nn.silu(g) * u, w_down, sizes_e)
+    # the inputs' own precision whatever jax_default_matmul_precision says: libtpu's ragged dot
+    # kernel refuses bf16 operands at "highest" (Mosaic: "Bad lhs type")
+    dot = lambda a, b: jax.lax.ragged_dot(a, b, sizes_e, precision=jax.lax.Precision.DEFAULT)
+    g = dot(x_md, w_gate)
+    u = dot(x_md, w_up)
+    return dot(jax.nn.silu(g) * u, w_down)
 
 
 def routed_experts(x_nd: jax.Array, weights_nk: jax.Array, ids_nk: jax.Array,
