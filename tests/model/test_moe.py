@@ -112,8 +112,9 @@ def test_engine_greedy_equals_transformers_generate(checkpoints, kind):
 
 
 @pytest.mark.parametrize("tp, layer_weights, dispatch", [
+    # CI: the all-to-all at tp 2 (the psum runs at tp 2 and 4 in the block tests below)
     pytest.param(2, "stacked", "psum", marks=pytest.mark.exhaustive),
-    (4, "stacked", "psum"),
+    pytest.param(4, "stacked", "psum", marks=pytest.mark.exhaustive),
     (2, "stacked", "all_to_all"),
     pytest.param(4, "per_layer", "all_to_all", marks=pytest.mark.exhaustive),
     pytest.param(2, "per_layer", "psum", marks=pytest.mark.exhaustive)])
