@@ -65,7 +65,9 @@ class AttentionPlan:
     mesh: Mesh | None  # shard_map over its "tp" axis when given (kernels; reference, Hkv < tp)
     tp: int
     kv_repeat: int  # cache KV heads = model KV heads * kv_repeat
-    # MoE models on tp > 1: the mesh whose "tp" axis splits the experts (`seer_jax.model.moe`)
+    # MoE models: the mesh, whose "tp" axis splits the experts when over 1 and whose platform
+    # picks the experts' formulation (`seer_jax.model.moe`; a tp=1 step compiled for another
+    # platform than the host's)
     expert_mesh: Mesh | None = None
 
     @property
@@ -100,7 +102,7 @@ def make_plan(cfg: ModelConfig, impl: str, mesh: Mesh | None) -> AttentionPlan:
         repeat = max(1, tp // hkv)
     return AttentionPlan(impl=which, interpret=which in KERNEL_IMPLS and platform == "cpu",
                          mesh=mesh if sharded else None, tp=tp, kv_repeat=repeat,
-                         expert_mesh=mesh if cfg.moe is not None and tp > 1 else None)
+                         expert_mesh=mesh if cfg.moe is not None else None)
 
 
 def check_kernel_shapes(plan: AttentionPlan, cfg: ModelConfig, *, page_size: int, dtype_bytes: int,

@@ -288,7 +288,8 @@ class Engine:
         n_pre = sum(n for _, n in prefill)
         n_dec = sum(1 + len(d) for d in plan.drafts) if plan.drafts else len(decode)
         stats = StepStats(step, len(decode) + len(prefill), n_dec + n_pre, n_pre, n_dec, 0.0,
-                          kv_tokens)
+                          kv_tokens, moe_dispatch=self.runner.expert_dispatch(
+                              batch.layout.num_tokens))
         self.step_stats.append(stats)
         self.step_count += 1
         return InFlight(step, plan, launched, pending, stats, t0, kv_counted)
@@ -437,8 +438,10 @@ class Engine:
         self._register_prefixes(prefill)
         n_dec = sum(1 + (len(d) if drafts else 0) for d in (drafts or decode))
         n_pre = sum(n for _, n in prefill)
-        self.step_stats.append(StepStats(self.step_count, len(decode) + len(prefill), n_dec + n_pre,
-                                         n_pre, n_dec, self.clock() - t0, kv_tokens))
+        self.step_stats.append(StepStats(
+            self.step_count, len(decode) + len(prefill), n_dec + n_pre, n_pre, n_dec,
+            self.clock() - t0, kv_tokens,
+            moe_dispatch=self.runner.expert_dispatch(plan.batch.layout.num_tokens)))
         self.step_count += 1
         return finished
 

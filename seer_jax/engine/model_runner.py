@@ -71,6 +71,7 @@ from seer_jax.engine.step_fns import (  # noqa: F401 (several are re-exported)
     step_jit,
     verify_outputs,
 )
+from seer_jax.model import moe
 from seer_jax.model.config import ModelConfig
 from seer_jax.model.llama import (
     Params,
@@ -302,6 +303,14 @@ class ModelRunner:
             dev["tokens"] = self._merge_tokens(dev["tokens"], self.device_input(batch.token_src),
                                                prev.packed)
         return dev
+
+    def expert_dispatch(self, num_tokens: int) -> str:
+        """How a step of `num_tokens` (padded) tokens reaches the MoE experts
+        (`moe.expert_dispatch`; "" for a dense model)."""
+        if self.cfg.moe is None:
+            return ""
+        return moe.expert_dispatch(num_tokens, self.plan.expert_mesh, self.cfg.moe,
+                               self.cfg.hidden_size, jnp.dtype(jnp_dtype(self.cfg)).itemsize)
 
     def launch(self, batch: StepBatch, num_top: int = 0, prev: Launched | None = None, *,
                wait_inputs: bool = False) -> Launched:

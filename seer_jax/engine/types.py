@@ -150,3 +150,6 @@ class StepStats:
     # the part of device_s the host spent blocked on the step's outputs: with overlap, a wait
     # means the next step was already dispatched when this one ended (no device idle between)
     wait_s: float = 0.0
+    # how the step's tokens reached the MoE experts (`moe.expert_dispatch`: "local", "psum" or
+    # "all_to_all"; "" for a dense model)
+    moe_dispatch: str = ""

@@ -23,7 +23,9 @@ is hit), with no sorted copy of the rows: the compilers lower ragged_dot poorly 
 XLA:TPU copies a stacked layer's expert weights out of the stack before its ragged dot, which it
 does not fuse with the slice). Its extra flops (experts / k times the routed ones) stay under the
 chips' flops per weight byte at these batch sizes. Larger batches (prefill, verify) and the CPU
-keep the grouped ragged_dot. Parameters of one MoE layer (keys of a layer's params, `MOE_KEYS`):
+keep the grouped ragged_dot on TPU and CPU; GPUs run `grouped_matmul.blocked_experts` (rows sorted
+into blocks each owned by one expert, batched matmuls over the blocks: XLA:GPU's masked-GEMM
+ragged_dot would need gigabytes of temporaries at a prefill chunk). Parameters of one MoE layer (keys of a layer's params, `MOE_KEYS`):
   router      [embed, experts]               float32 logits
   router_bias [experts]                      the choice's score correction (sigmoid routers)
   we_gate, we_up [experts, embed, moe_mlp]; we_down [experts, moe_mlp, embed]
@@ -40,7 +42,9 @@ import jax.numpy as jnp
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
+from seer_jax.model.grouped_matmul import blocked_experts, inverse_permutation, sort_by_expert
 from seer_jax.model.moe_config import MoeConfig
+from seer_jax.model.moe_dispatch import all_to_all_experts, dispatch_bytes
 
 EP_AXIS = "tp"
 
@@ -103,30 +107,15 @@ def route(h_nd: jax.Array, lp: dict[str, Any], moe: MoeConfig) -> tuple[jax.Arra
     return weights, ids.astype(jnp.int32)
 
 
-def sort_by_expert(ids_nk: jax.Array, num_experts: int) -> tuple[jax.Array, jax.Array]:
-    """(order [N*k]: the flat (token, slot) pairs sorted by expert, stable; group sizes [E]).
-    A counting sort (each pair's place: its expert's first row plus the pairs of that expert
-    before it), the permutation a stable argsort gives: XLA:GPU sorts large arrays with CUB,
-    whose workspace query needs an attached device, so a prefill-sized step would not compile
-    ahead of time."""
-    flat = ids_nk.reshape(-1)
-    onehot = (flat[:, None] == jnp.arange(num_experts)[None, :]).astype(jnp.int32)  # [M, E]
-    before = jnp.cumsum(onehot, axis=0) - onehot
-    sizes = jnp.sum(onehot, axis=0)
-    starts = jnp.cumsum(sizes) - sizes
-    rank = jnp.take_along_axis(before, flat[:, None], axis=1)[:, 0]
-    place = starts[flat] + rank
-    order = jnp.zeros_like(flat).at[place].set(jnp.arange(flat.shape[0], dtype=flat.dtype),
-                                               unique_indices=True)
-    return order, sizes
-
-
 def expert_mlp(x_md: jax.Array, sizes_e: jax.Array, w_gate: jax.Array, w_up: jax.Array,
                w_down: jax.Array) -> jax.Array:
     """SwiGLU of rows grouped by expert ([M, d], contiguous groups of `sizes_e` rows) -> [M, d]."""
-    g = jax.lax.ragged_dot(x_md, w_gate, sizes_e)
-    u = jax.lax.ragged_dot(x_md, w_up, sizes_e)
-    return jax.lax.ragged_dot(jax.nn.silu(g) * u, w_down, sizes_e)
+    # the inputs' own precision whatever jax_default_matmul_precision says: libtpu's ragged dot
+    # kernel refuses bf16 operands at "highest" (Mosaic: "Bad lhs type")
+    dot = lambda a, b: jax.lax.ragged_dot(a, b, sizes_e, precision=jax.lax.Precision.DEFAULT)
+    g = dot(x_md, w_gate)
+    u = dot(x_md, w_up)
+    return dot(jax.nn.silu(g) * u, w_down)
 
 
 def routed_experts(x_nd: jax.Array, weights_nk: jax.Array, ids_nk: jax.Array,
@@ -145,13 +134,19 @@ def routed_experts(x_nd: jax.Array, weights_nk: jax.Array, ids_nk: jax.Array,
 DENSE_MAX_TOKENS = 256
 
 
+def _platform(mesh: Mesh | None) -> str:
+    return mesh.devices.flat[0].platform if mesh is not None else jax.default_backend()
+
+
 def use_dense_experts(num_tokens: int, mesh: Mesh | None) -> bool:
     """Whether a step of `num_tokens` tokens runs `dense_experts` (TPU and GPU, decode-sized)."""
-    if mesh is not None:
-        platform = mesh.devices.flat[0].platform
-    else:
-        platform = jax.default_backend()
-    return num_tokens <= DENSE_MAX_TOKENS and platform in ("tpu", "gpu", "cuda", "rocm")
+    return num_tokens <= DENSE_MAX_TOKENS and _platform(mesh) in ("tpu", "gpu", "cuda", "rocm")
+
+
+def use_blocked_experts(num_tokens: int, mesh: Mesh | None) -> bool:
+    """Whether a step of `num_tokens` tokens not run by `dense_experts` runs
+    `grouped_matmul.blocked_experts` (GPU) rather than the grouped ragged_dot."""
+    return _platform(mesh) in ("gpu", "cuda", "rocm")
 
 
 def dense_experts(x_nd: jax.Array, weights_nk: jax.Array, ids_nk: jax.Array, w_gate: jax.Array,
@@ -179,8 +174,38 @@ def expert_parallel(mesh: Mesh | None, num_experts: int) -> int:
     return ep if ep > 1 and num_experts % ep == 0 else 1
 
 
+def expert_dispatch(num_tokens: int, mesh: Mesh | None, moe: MoeConfig, hidden_size: int,
+                    itemsize: int) -> str:
+    """How a step of `num_tokens` tokens reaches its experts: "local" (no expert parallelism),
+    "psum" (every device's experts over all tokens, partial outputs added; always for
+    decode-sized batches on TPU and GPU) or "all_to_all" (`moe_dispatch`: when it sends fewer
+    bytes per device than the psum, `dispatch_bytes`)."""
+    ep = expert_parallel(mesh, moe.num_experts)
+    if ep == 1:
+        return "local"
+    if use_dense_experts(num_tokens, mesh):
+        return "psum"
+    sent = dispatch_bytes(num_tokens, hidden_size, moe.num_experts_per_tok, ep, itemsize)
+    return "all_to_all" if sent["all_to_all"] < sent["psum"] else "psum"
+
+
+def expert_rows(x_md: jax.Array, lid_m: jax.Array, w_gate: jax.Array, w_up: jax.Array,
+                w_down: jax.Array, blocked: bool) -> jax.Array:
+    """SwiGLU of each row by its local expert lid_m (rows of other experts: zeros) -> [M, d]."""
+    M = x_md.shape[0]
+    local = w_gate.shape[0]
+    if blocked:
+        ones = jnp.ones((M, 1), jnp.float32)
+        return blocked_experts(x_md, ones, lid_m[:, None], w_gate, w_up, w_down).astype(x_md.dtype)
+    mine = (lid_m >= 0) & (lid_m < local)
+    order, sizes = sort_by_expert(jnp.where(mine, lid_m, local)[:, None], local + 1)
+    y = expert_mlp(x_md[order], sizes[:local], w_gate, w_up, w_down)
+    y = jnp.where((jnp.arange(M) < jnp.sum(sizes[:local]))[:, None], y, 0)
+    return y[inverse_permutation(order)]
+
+
 def routed_experts_ep(x_nd: jax.Array, weights_nk: jax.Array, ids_nk: jax.Array,
-                      lp: dict[str, Any], mesh: Mesh) -> jax.Array:
+                      lp: dict[str, Any], mesh: Mesh, moe: MoeConfig) -> jax.Array:
     """`routed_experts` with the experts split over the mesh's "tp" axis (see the module doc)."""
     N, k = ids_nk.shape
     num_experts = lp["we_gate"].shape[0]
@@ -188,12 +213,21 @@ def routed_experts_ep(x_nd: jax.Array, weights_nk: jax.Array, ids_nk: jax.Array,
     local = num_experts // ep
 
     dense = use_dense_experts(N, mesh)
+    blocked = not dense and use_blocked_experts(N, mesh)
+    dispatch = expert_dispatch(N, mesh, moe, x_nd.shape[1], x_nd.dtype.itemsize)
 
     def body(x, w, ids, w_gate, w_up, w_down):
+        if dispatch == "all_to_all":
+            return all_to_all_experts(
+                x, w, ids, axis=EP_AXIS, ep=ep, num_experts=num_experts,
+                rows_fn=lambda rows, lid: expert_rows(rows, lid, w_gate, w_up, w_down, blocked),
+                emulate=_platform(mesh) == "cpu")
         shard = jax.lax.axis_index(EP_AXIS)
         first = shard * local
         if dense:
             return jax.lax.psum(dense_experts(x, w, ids, w_gate, w_up, w_down, first), EP_AXIS)
+        if blocked:
+            return jax.lax.psum(blocked_experts(x, w, ids, w_gate, w_up, w_down, first), EP_AXIS)
         order, sizes = sort_by_expert(ids, num_experts)
         start = jnp.sum(jnp.where(jnp.arange(num_experts) < first, sizes, 0))
         local_sizes = jax.lax.dynamic_slice_in_dim(sizes, first, local)
@@ -220,10 +254,13 @@ def moe_mlp(h_nd: jax.Array, lp: dict[str, Any], moe: MoeConfig,
     whose "tp" axis divides the experts, the experts run expert-parallel over it."""
     weights, ids = route(h_nd, lp, moe)
     if expert_parallel(mesh, moe.num_experts) > 1:
-        out = routed_experts_ep(h_nd, weights, ids, lp, mesh)
+        out = routed_experts_ep(h_nd, weights, ids, lp, mesh, moe)
     elif use_dense_experts(h_nd.shape[0], mesh):
         out = dense_experts(h_nd, weights, ids, lp["we_gate"], lp["we_up"],
                             lp["we_down"]).astype(h_nd.dtype)
+    elif use_blocked_experts(h_nd.shape[0], mesh):
+        out = blocked_experts(h_nd, weights, ids, lp["we_gate"], lp["we_up"],
+                              lp["we_down"]).astype(h_nd.dtype)
     else:
         out = routed_experts(h_nd, weights, ids, lp)
     if moe.shared_intermediate_size:

@@ -1,8 +1,10 @@
 """The expert MLP of a mixture-of-experts layer compiles with the target's own compiler for TPU
 v5e, v5p, v6e and H100 at the MoE deployment configs' per-slice shapes (experts split over tp):
 a decode-sized batch (every local expert over every token, `moe.dense_experts`) and a
-prefill-sized one (the grouped `ragged_dot`), with the router, the psum over tp and the shared
-combine."""
+prefill-sized one (TPU: the grouped `ragged_dot`; GPU: `grouped_matmul.blocked_experts`), with
+the router, the dispatch (psum over tp, or the ragged all-to-all where it sends fewer bytes:
+top-8 over 8 or 16 devices) and the combine. The blocked grouped matmul alone compiles for
+every target at those shapes too."""
 
 import jax
 import jax.numpy as jnp
@@ -11,6 +13,7 @@ import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from seer_jax.hardware.targets import devices, get_target
+from seer_jax.model.grouped_matmul import blocked_experts
 from seer_jax.model.moe import MOE_AXES, moe_mlp, moe_shapes
 from seer_jax.model.moe_config import MoeConfig
 from seer_jax.model.sharding import ShardingRules, partition_spec
@@ -34,6 +37,12 @@ def _compile(model: str, target: str, tp: int, tokens: int):
     return fn.lower(x, lp).compile(), 3 * E // tp * d * f * 2
 
 
+def _row_bytes(model: str, tokens: int) -> int:
+    """Bytes of the (token, expert) rows of `tokens` tokens in bf16."""
+    d, _, k, _ = MODELS[model]
+    return tokens * k * d * 2
+
+
 def _text(compiled, target: str) -> str:
     if get_target(target).platform == "tpu":
         return compiled.as_text()
@@ -47,7 +56,8 @@ CASES += [("qwen3-235b-a22b", t, tp) for t, tp in (("v5e", 16), ("v5p", 16), ("v
 # CI: both sizes on H100 (the v5p configs' decode steps in test_step_compile run the
 # decode-sized block on TPU; libtpu takes about a minute over the prefill-sized one); the
 # exhaustive set compiles every case
-DEFAULT = {("qwen3-30b-a3b", "h100", 2, 128), ("qwen3-30b-a3b", "h100", 2, 8192)}
+DEFAULT = {("qwen3-30b-a3b", "h100", 2, 128), ("qwen3-30b-a3b", "h100", 2, 8192),
+           ("qwen3-235b-a22b", "h100", 8, 8192)}
 
 
 @pytest.mark.parametrize("model,target,tp,tokens", [
@@ -58,10 +68,36 @@ def test_expert_mlp_compiles(model, target, tp, tokens):
     require_compiler(target)
     compiled, expert_bytes = _compile(model, target, tp, tokens)
     text = _text(compiled, target)
-    # decode-sized: dense_experts, no ragged dot; prefill-sized: the grouped ragged_dot (on
-    # GPU, which lowers it to a masked GEMM, a gemm fusion)
+    gpu = get_target(target).platform == "gpu"
+    # decode-sized: dense_experts and the psum, no ragged op
     if tokens == 128:
-        assert "ragged" not in text
-    else:
-        assert "ragged" in text or "gemm_fusion" in text
-    assert expert_bytes > 0
+        assert "ragged" not in text and "all-to-all" not in text
+        return
+    # prefill-sized: the ragged all-to-all where tp >= 8 (top-8), else the psum
+    assert ("ragged-all-to-all" in text) == (tp >= 8)
+    # TPU: the grouped ragged_dot; GPU: the blocked grouped matmul (a loop of batched GEMMs, no
+    # masked dense GEMM over every local expert): temporaries of a few buffers of the
+    # (token, expert) rows, where the masked GEMM's are local experts x those rows (16 GiB at
+    # H100 tp2)
+    assert ("ragged-dot" in text) == (not gpu)
+    if gpu:
+        assert compiled.memory_analysis().temp_size_in_bytes < 4 * _row_bytes(model, tokens)
+
+
+@pytest.mark.exhaustive
+@pytest.mark.parametrize("model,target,tp", [
+    pytest.param(*c, id=f"{c[0]}-{c[1]}-tp{c[2]}") for c in CASES])
+def test_blocked_grouped_matmul_compiles(model, target, tp):
+    """The blocked grouped matmul alone, one device's experts over a prefill chunk's 65,536
+    (token, expert) rows, for every target."""
+    require_compiler(target)
+    d, E, k, f = MODELS[model]
+    local, tokens = E // tp, 8192
+    dev = devices(target, 1)[0]
+    sharding = jax.sharding.SingleDeviceSharding(dev)
+    args = [jax.ShapeDtypeStruct(s, t, sharding=sharding) for s, t in (
+        ((tokens, d), jnp.bfloat16), ((tokens, k), jnp.float32), ((tokens, k), jnp.int32),
+        ((local, d, f), jnp.bfloat16), ((local, d, f), jnp.bfloat16), ((local, f, d), jnp.bfloat16))]
+    compiled = jax.jit(blocked_experts).lower(*args).compile()
+    assert "while" in _text(compiled, target)
+    assert compiled.memory_analysis().temp_size_in_bytes < 4 * _row_bytes(model, tokens)

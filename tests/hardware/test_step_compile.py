@@ -18,9 +18,8 @@ from tests.hardware.compilers import require_compiler
 CONFIGS = pathlib.Path(__file__).resolve().parents[2] / "configs"
 MOE = ("tpu_v5p64_qwen3_30b_a3b", "gpu_8xh100_qwen3_30b_a3b", "tpu_v5p64_qwen3_235b_a22b",
        "gpu_8xh200_qwen3_235b_a22b")
-# MoE steps whose prefill-sized expert matmuls do not fit per XLA:GPU
-KNOWN_UNFIT = {("gpu_8xh100_qwen3_30b_a3b", "mixed"), ("gpu_8xh100_qwen3_30b_a3b", "verify"),
-               ("gpu_8xh200_qwen3_235b_a22b", "verify")}
+# steps that do not fit per the compiler (none)
+KNOWN_UNFIT: set[tuple[str, str]] = set()
 # the DeepSeek-V3 family (latent attention and a mixture of experts)
 MLA = ("tpu_v6e32_moonlight_16b_a3b", "gpu_8xh100_moonlight_16b_a3b", "tpu_v5p64_kimi_k2",
        "gpu_4x8xh200_kimi_k2")
@@ -61,12 +60,7 @@ def _cases():
                     slow = (impl, kind) != ("auto", "decode") or name.startswith("gpu")
                 marks = [pytest.mark.exhaustive] if slow else []
                 if (name, kind) in KNOWN_UNFIT:
-                    # XLA:GPU lowers the prefill's ragged_dot to a masked GEMM over a
-                    # [rows, local experts x hidden] operand (H100: 17 GiB of temporaries at
-                    # 65,536 (token, expert) rows over 64 local experts; H200's verify step
-                    # misses by 0.09 GiB)
-                    marks.append(pytest.mark.xfail(reason="ragged_dot temporaries on XLA:GPU",
-                                                   strict=False))
+                    marks.append(pytest.mark.xfail(reason="does not fit", strict=False))
                 if impl == "reference" and (name, kind) in MLA_REFERENCE_UNFIT:
                     marks.append(pytest.mark.xfail(reason="the jnp latent-attention reference's "
                                                    "temporaries", strict=False))

@@ -74,7 +74,8 @@ def _hf_greedy(ref_model) -> list[list[int]]:
     return out
 
 
-def _engine_greedy(cfg, params, layer_weights: str = "stacked", tp: int = 1) -> list[list[int]]:
+def _engine_greedy(cfg, params, layer_weights: str = "stacked", tp: int = 1,
+                   stats: list | None = None) -> list[list[int]]:
     config = EngineConfig(num_pages=160, page_size=4, max_num_batched_tokens=48, max_num_seqs=8,
                           max_prefill_seqs=2, layer_weights=layer_weights)
     mesh = make_mesh(jax.devices()[:tp]) if tp > 1 else None
@@ -90,6 +91,8 @@ def _engine_greedy(cfg, params, layer_weights: str = "stacked", tp: int = 1) -> 
     while engine.has_unfinished():
         for r in engine.step():
             done[int(r.request_id)] = r.token_ids
+    if stats is not None:
+        stats.extend(engine.step_stats)
     return [list(done[i]) for i in range(len(PROMPTS))]
 
 
@@ -101,20 +104,37 @@ def test_engine_greedy_equals_transformers_generate(checkpoints, kind):
     kind, path, ref_model = checkpoints(kind)
     cfg, params = load_safetensors_dir(path)
     want = _hf_greedy(ref_model)
-    assert _engine_greedy(cfg, params, "stacked") == want
+    stats = []
+    assert _engine_greedy(cfg, params, "stacked", 1, stats) == want
+    assert {s.moe_dispatch for s in stats} == {"local"}
     if kind == "qwen2_moe":
         assert _engine_greedy(cfg, params, "per_layer") == want
 
 
-@pytest.mark.parametrize("tp, layer_weights", [pytest.param(2, "stacked", marks=pytest.mark.exhaustive),
-                                               (4, "stacked"),
-                                               pytest.param(2, "per_layer", marks=pytest.mark.exhaustive)])
-def test_expert_parallel_engine_is_token_identical(checkpoints, tp, layer_weights):
-    """Experts split over tp (attention tensor-parallel on the same devices): the same greedy
-    tokens as transformers (and so as tp 1)."""
+@pytest.mark.parametrize("tp, layer_weights, dispatch", [
+    # CI: the all-to-all at tp 2 (the psum runs at tp 2 and 4 in the block tests below)
+    pytest.param(2, "stacked", "psum", marks=pytest.mark.exhaustive),
+    pytest.param(4, "stacked", "psum", marks=pytest.mark.exhaustive),
+    (2, "stacked", "all_to_all"),
+    pytest.param(4, "per_layer", "all_to_all", marks=pytest.mark.exhaustive),
+    pytest.param(2, "per_layer", "psum", marks=pytest.mark.exhaustive)])
+def test_expert_parallel_engine_is_token_identical(monkeypatch, checkpoints, tp, layer_weights,
+                                                   dispatch):
+    """Experts split over tp (attention tensor-parallel on the same devices), either dispatch
+    (the all-to-all one on the CPU: its emulated ragged all-to-all): the same greedy tokens as
+    transformers (and so as tp 1), and the step stats say which dispatch every step used."""
+    from seer_jax.model import moe as moe_module
+
     _, path, ref_model = checkpoints("qwen3_moe")
     cfg, params = load_safetensors_dir(path)
-    assert _engine_greedy(cfg, params, layer_weights, tp) == _hf_greedy(ref_model)
+    # the tiny model's 8 experts, top-2: the psum sends fewer bytes at tp 2 and 4
+    assert moe_module.expert_dispatch(48, make_mesh(jax.devices()[:tp]), cfg.moe,
+                                      cfg.hidden_size, 4) == "psum"
+    if dispatch == "all_to_all":
+        monkeypatch.setattr(moe_module, "expert_dispatch", lambda *a: "all_to_all")
+    stats = []
+    assert _engine_greedy(cfg, params, layer_weights, tp, stats) == _hf_greedy(ref_model)
+    assert {s.moe_dispatch for s in stats} == {dispatch}
 
 
 @pytest.mark.parametrize("router, tp", [

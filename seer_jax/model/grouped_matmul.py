@@ -1,0 +1,134 @@
+"""Dropless expert MLPs over row blocks each owned by one expert: the grouped matmul GPUs run for
+prefill-sized batches.
+
+XLA:GPU lowers `jax.lax.ragged_dot` to a dense GEMM masked by group, over a [rows, experts x
+hidden] operand: experts times the flops and, at a prefill chunk's 65,536 (token, expert) rows,
+gigabytes of temporaries. `blocked_experts` computes the same sums with ordinary batched matmuls:
+
+  1. layout: the (token, slot) pairs whose expert is one of the local experts are placed in
+     expert order into rows where each expert's group starts on a multiple of `block` rows (its
+     size padded up to whole blocks; padding rows hold no pair), so every block of rows belongs
+     to one expert (`block_layout`). The row count is static: M pairs over L experts fill at
+     most ceil(M / block) + L blocks.
+  2. experts: a loop over the used blocks, `group` blocks an iteration (a dynamic trip count:
+     the blocks the batch fills, not the static bound), gathers each block's tokens and its
+     expert's three weight matrices and runs the SwiGLU MLP as batched matmuls
+     [group, block, d] x [group, d, f]. No token is dropped: padding only adds rows.
+  3. combine: each pair reads its row back (pairs of other devices' experts read zeros) and the
+     k pairs of a token are summed with their router weights in slot order (no scatter-add, so
+     the sums do not depend on the order a device happens to run them in).
+
+Temporaries: one output row per block row ([blocks x block, d]) and one group's weights, instead
+of the masked GEMM's [rows, experts x d]. The flops are the routed ones plus the padding
+(under one block per local expert).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+# rows per block (one expert's) and blocks per loop iteration on GPU: 256-row blocks pad an
+# expert's group by at most 255 rows (at a prefill chunk's 512 rows per expert, under half a
+# block on average) and read an expert's weights once per 256 of its rows; 8 blocks an
+# iteration keep a few GEMMs of 2,048 rows in flight with one group's weights (8 x 3 x d x f)
+BLOCK_ROWS = 256
+GROUP_BLOCKS = 8
+
+
+def sort_by_expert(ids_nk: jax.Array, num_experts: int) -> tuple[jax.Array, jax.Array]:
+    """(order [N*k]: the flat (token, slot) pairs sorted by expert, stable; group sizes [E]).
+    A counting sort (each pair's place: its expert's first row plus the pairs of that expert
+    before it), the permutation a stable argsort gives: XLA:GPU sorts large arrays with CUB,
+    whose workspace query needs an attached device, so a prefill-sized step would not compile
+    ahead of time."""
+    flat = ids_nk.reshape(-1)
+    onehot = (flat[:, None] == jnp.arange(num_experts)[None, :]).astype(jnp.int32)  # [M, E]
+    before = jnp.cumsum(onehot, axis=0) - onehot
+    sizes = jnp.sum(onehot, axis=0)
+    starts = jnp.cumsum(sizes) - sizes
+    rank = jnp.take_along_axis(before, flat[:, None], axis=1)[:, 0]
+    place = starts[flat] + rank
+    order = jnp.zeros_like(flat).at[place].set(jnp.arange(flat.shape[0], dtype=flat.dtype),
+                                               unique_indices=True)
+    return order, sizes
+
+
+def inverse_permutation(order: jax.Array) -> jax.Array:
+    """Where each element went: inv[order[i]] = i (gathering by it undoes the permutation)."""
+    return jnp.zeros_like(order).at[order].set(jnp.arange(order.shape[0], dtype=order.dtype),
+                                               unique_indices=True)
+
+
+def num_blocks(num_pairs: int, num_local: int, block: int, group: int) -> int:
+    """Static bound on the blocks `num_pairs` pairs over `num_local` experts fill, rounded up to
+    whole groups."""
+    blocks = -(-num_pairs // block) + num_local
+    return -(-blocks // group) * group
+
+
+def block_layout(ids_m: jax.Array, first: int | jax.Array, num_local: int, num_rows: int,
+                 block: int) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+    """Place the pairs of local experts first .. first + num_local into expert-owned blocks.
+
+    Returns (row of each pair [M] (num_rows for a pair of another device's expert), pair of
+    each row [num_rows] (M for a padding row), expert (local index) of each block
+    [num_rows / block], blocks used (scalar)). Within an expert the pairs keep their order."""
+    M = ids_m.shape[0]
+    lid = ids_m - first
+    local = (lid >= 0) & (lid < num_local)
+    lid = jnp.where(local, lid, 0)
+    onehot = ((lid[:, None] == jnp.arange(num_local)[None, :]) & local[:, None]).astype(jnp.int32)
+    sizes = jnp.sum(onehot, axis=0)
+    rank = jnp.take_along_axis(jnp.cumsum(onehot, axis=0) - onehot, lid[:, None], axis=1)[:, 0]
+    padded = -(-sizes // block) * block
+    ends = jnp.cumsum(padded)
+    starts = ends - padded
+    row_of_pair = jnp.where(local, starts[lid] + rank, num_rows).astype(jnp.int32)
+    pair_of_row = jnp.full((num_rows,), M, jnp.int32).at[row_of_pair].set(
+        jnp.arange(M, dtype=jnp.int32), mode="drop", unique_indices=True)
+    block_start = jnp.arange(num_rows // block) * block
+    block_expert = jnp.sum(ends[None, :] <= block_start[:, None], axis=1)
+    block_expert = jnp.minimum(block_expert, num_local - 1).astype(jnp.int32)
+    return row_of_pair, pair_of_row, block_expert, ends[-1] // block
+
+
+def blocked_experts(x_nd: jax.Array, weights_nk: jax.Array, ids_nk: jax.Array,
+                    w_gate: jax.Array, w_up: jax.Array, w_down: jax.Array,
+                    first: int | jax.Array = 0, block: int = BLOCK_ROWS,
+                    group: int = GROUP_BLOCKS) -> jax.Array:
+    """Sum over each token's chosen experts among experts first .. first + len(w_gate) of
+    weight * expert(x), float32 [N, d] (zero for tokens that chose none of them)."""
+    x_nd, w_gate, w_up, w_down = map(jnp.asarray, (x_nd, w_gate, w_up, w_down))
+    N, k = ids_nk.shape
+    d = x_nd.shape[1]
+    num_local = w_gate.shape[0]
+    M = N * k
+    nb = num_blocks(M, num_local, block, group)
+    R = nb * block
+    row_of_pair, pair_of_row, block_expert, used = block_layout(
+        ids_nk.reshape(-1), first, num_local, R, block)
+    # the token of each row; padding rows read a zero row appended after the tokens
+    x_pad = jnp.concatenate([x_nd, jnp.zeros((1, d), x_nd.dtype)])
+    token_of_row = jnp.where(pair_of_row < M, pair_of_row // k, N)
+    rows_per_iter = group * block
+
+    def body(i, y):
+        start = i * rows_per_iter
+        tok = jax.lax.dynamic_slice_in_dim(token_of_row, start, rows_per_iter)
+        xb = x_pad[tok].reshape(group, block, d)
+        e = jax.lax.dynamic_slice_in_dim(block_expert, i * group, group)
+        g = jnp.einsum("gbd,gdf->gbf", xb, w_gate[e])
+        u = jnp.einsum("gbd,gdf->gbf", xb, w_up[e])
+        out = jnp.einsum("gbf,gfd->gbd", jax.nn.silu(g) * u, w_down[e])
+        return jax.lax.dynamic_update_slice_in_dim(y, out.reshape(rows_per_iter, d), start, 0)
+
+    iters = (used + group - 1) // group
+    # the loop's buffer is filled from the tokens (its rows past the used blocks are never
+    # read): a constant would let XLA:GPU schedule every layer's buffer at the start of the
+    # step, all of them live at once (a layer's 8,192-token chunk: 0.33 GiB each on H100)
+    y = jax.lax.fori_loop(0, iters, body, jnp.broadcast_to(x_nd[0, 0], (R, d)))
+    # the pairs of other devices' experts take zeros
+    local = (row_of_pair < R)[:, None]
+    y_nkd = jnp.where(local, y[jnp.minimum(row_of_pair, R - 1)], 0).reshape(N, k, d)
+    return jnp.sum(y_nkd.astype(jnp.float32) * weights_nk[:, :, None], axis=1)

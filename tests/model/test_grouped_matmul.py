@@ -1,0 +1,84 @@
+"""The blocked grouped matmul GPUs run for prefill-sized expert batches equals the grouped
+ragged_dot: alone (blocks of every size against the group sizes, experts split over devices) and
+inside the MoE MLP, one device and expert-parallel."""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+import pytest
+
+from seer_jax.model.config import tiny_config
+from seer_jax.model.grouped_matmul import block_layout, blocked_experts, num_blocks
+from seer_jax.model.llama import init_params, split_layers
+from seer_jax.model.moe import MOE_AXES, moe_mlp, routed_experts
+from seer_jax.model.moe_config import MoeConfig
+from seer_jax.model.sharding import make_mesh, shard_params
+
+
+def _problem(N=37, k=3, E=8, d=16, f=12, skew=False):
+    rs = np.random.RandomState(0)
+    x = rs.randn(N, d).astype(np.float32)
+    p = np.arange(1, E + 1, dtype=np.float64) ** (3 if skew else 0)
+    ids = np.stack([rs.choice(E, k, replace=False, p=p / p.sum()) for _ in range(N)])
+    w = rs.rand(N, k).astype(np.float32)
+    lp = {"we_gate": rs.randn(E, d, f), "we_up": rs.randn(E, d, f), "we_down": rs.randn(E, f, d)}
+    return x, w, ids.astype(np.int32), {n: v.astype(np.float32) for n, v in lp.items()}
+
+
+def test_block_layout_gives_each_block_one_expert():
+    _, _, ids, _ = _problem(skew=True)
+    flat = ids.reshape(-1)
+    R = num_blocks(flat.size, 4, 4, 2) * 4
+    row_of_pair, pair_of_row, block_expert, used = map(
+        np.asarray, block_layout(flat, 2, 4, R, 4))
+    local = (flat >= 2) & (flat < 6)
+    assert np.all(row_of_pair[~local] == R)
+    # every local pair has a row, the row points back, and the row's block is the pair's expert
+    rows = row_of_pair[local]
+    assert len(set(rows.tolist())) == rows.size and np.all(pair_of_row[rows] == np.flatnonzero(local))
+    assert np.all(block_expert[rows // 4] == flat[local] - 2)
+    sizes = np.bincount(flat[local] - 2, minlength=4)
+    assert used == sum(-(-s // 4) for s in sizes)
+    assert np.all(pair_of_row[used * 4:] == flat.size)
+
+
+@pytest.mark.parametrize("block, group", [(4, 2), (8, 3), pytest.param(1, 1, marks=pytest.mark.exhaustive),
+                                          pytest.param(256, 8, marks=pytest.mark.exhaustive)])
+def test_blocked_experts_equal_the_ragged_dot(block, group):
+    x, w, ids, lp = _problem(skew=block == 4)
+    ref = np.asarray(routed_experts(x, w, ids, lp))
+    weights = lp["we_gate"], lp["we_up"], lp["we_down"]
+    run = jax.jit(lambda first, *weights: blocked_experts(x, w, ids, *weights, first, block, group))
+    np.testing.assert_allclose(np.asarray(run(0, *weights)), ref, atol=1e-4, rtol=1e-6)
+    # the experts split over 4 devices: the parts sum to the whole
+    parts = sum(np.asarray(run(s, *(a[s:s + 2] for a in weights))) for s in (0, 2, 4, 6))
+    np.testing.assert_allclose(parts, ref, atol=1e-4, rtol=1e-6)
+
+
+@pytest.mark.parametrize("tp", [1, 4])
+def test_moe_mlp_on_the_blocked_path_equals_the_ragged_dot(monkeypatch, tp):
+    from seer_jax.model import grouped_matmul
+    from seer_jax.model import moe as moe_module
+
+    moe = MoeConfig(num_experts=8, num_experts_per_tok=2, expert_intermediate_size=16,
+                    norm_topk_prob=True)
+    cfg = tiny_config(architecture="Qwen3MoeForCausalLM", qk_norm=True, num_layers=1, moe=moe)
+    lp = split_layers(init_params(cfg, seed=5), cfg)["layers"][0]
+    lp = {k: v for k, v in lp.items() if k in MOE_AXES}
+    x = np.random.RandomState(1).randn(40, cfg.hidden_size).astype(np.float32)
+    ref, ref_ids = moe_mlp(x, lp, moe)
+    assert not moe_module.use_blocked_experts(40, None)  # the CPU keeps the ragged_dot
+    mesh = make_mesh(jax.devices()[:tp]) if tp > 1 else None
+    if mesh is not None:
+        sharded = shard_params({"layers": {k: v[None] for k, v in lp.items()}}, mesh)["layers"]
+        lp = {k: v[0] for k, v in sharded.items()}
+    calls = []
+    real = grouped_matmul.blocked_experts
+    monkeypatch.setattr(moe_module, "use_blocked_experts", lambda n, m: True)
+    monkeypatch.setattr(moe_module, "blocked_experts",
+                        lambda *a, **k: calls.append(1) or real(*a, block=4, group=2))
+    out, ids = jax.jit(lambda x, lp: moe_mlp(x, lp, moe, mesh))(x, lp)
+    assert calls
+    np.testing.assert_allclose(np.asarray(out), np.asarray(ref), atol=1e-5, rtol=0)
+    assert np.array_equal(np.asarray(ids), np.asarray(ref_ids))
