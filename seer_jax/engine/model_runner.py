@@ -60,7 +60,6 @@ from seer_jax.engine.step_fns import (  # noqa: F401 (several are re-exported)
     _sample_step,
     _set_entries,
     _unpack_inputs,
-    _unpack_inputs_table,
     _verify_step,
     _write_pages,
     cache_format,
@@ -213,9 +212,6 @@ class ModelRunner:
         self._merge_tokens = jax.jit(_merge_tokens, in_shardings=(rep, rep, rep), out_shardings=rep)
         self._unpack_inputs = jax.jit(_unpack_inputs, static_argnums=1, in_shardings=(rep,),
                                       out_shardings=rep)
-        self._unpack_inputs_table = jax.jit(_unpack_inputs_table, static_argnums=2,
-                                            donate_argnums=1, in_shardings=(rep, rep),
-                                            out_shardings=rep)
 
     def device_input(self, x, dtype=None) -> jax.Array:
         """A host array as a step input: on this process's default device, or replicated over a
@@ -278,53 +274,32 @@ class ModelRunner:
         """The device page table brought up to date with `rows` (`batch.RequestRows`): the
         entries changed since the last sync are written in place (a padded bucket of them, so
         few compiled sizes), or the whole table is sent when it is new or was resized."""
-        upd = self._page_table_updates(rows)
-        if upd is not None:
-            self.page_table = self._set_entries(self.page_table, self.device_input(upd[0]),
-                                                self.device_input(upd[1]))
-        return self.page_table
-
-    def _page_table_updates(self, rows) -> tuple[np.ndarray, np.ndarray] | None:
-        """The entries of the device page table to set (flat indices, values: padded to a
-        bucket of sizes, padding past the end), or None when it is current; a new or resized
-        table is sent whole here."""
         whole, idx, val = rows.take_updates()
         table = self.page_table
         if whole or table is None or table.shape != rows.pages.shape or not rows.tracking:
-            self.page_table = jax.device_put(np.array(rows.pages), self._batch_sharding)
+            table = jax.device_put(np.array(rows.pages), self._batch_sharding)
             rows.tracking = True
-            return None
-        if not len(idx):
-            return None
-        check_unique("page table entries", idx)
-        n = bucket(len(idx), 256)
-        out = np.full((2, n), rows.pages.size, np.int32)
-        out[0, :len(idx)] = idx
-        out[1, :len(val)] = val
-        out[1, len(val):] = 0
-        return out[0], out[1]
+        elif len(idx):
+            check_unique("page table entries", idx)
+            n = bucket(len(idx), 256)
+            idx = np.pad(idx, (0, n - len(idx)), constant_values=rows.pages.size)
+            val = np.pad(val, (0, n - len(val)))
+            table = self._set_entries(table, self.device_input(idx), self.device_input(val))
+        self.page_table = table
+        return table
 
     def _device_batch(self, batch: StepBatch, prev: Launched | None = None) -> dict:
         """The step's inputs on the device (dispatched, not waited for), with the persistent
         page table if the batch indexes it, and the pending tokens read from `prev`'s outputs
         on the device where `batch.token_src` says so."""
-        arrays = batch.arrays()
-        upd = None if batch.page_table is None else self._page_table_updates(batch.page_table)
-        if upd is not None:  # (set on the device by the same call that unpacks the inputs)
-            arrays["table_idx"], arrays["table_val"] = upd
+        arrays = {k: np.asarray(v) for k, v in batch.arrays().items()}
         # one transfer for the whole batch (every input is 32-bit): packed on the host, taken
         # apart on the device
-        arrays = {k: np.asarray(v) for k, v in arrays.items()}
         spec = tuple((k, v.shape, v.dtype.str) for k, v in arrays.items())
         flat = np.concatenate([v.reshape(-1).view(np.int32) for v in arrays.values()])
-        if upd is None:
-            dev = dict(self._unpack_inputs(self.device_input(flat), spec))
-        else:
-            dev, self.page_table = self._unpack_inputs_table(self.device_input(flat),
-                                                             self.page_table, spec)
-            dev = dict(dev)
+        dev = dict(self._unpack_inputs(self.device_input(flat), spec))
         if batch.page_table is not None:
-            dev["page_table"] = self.page_table
+            dev["page_table"] = self.sync_page_table(batch.page_table)
         if batch.token_src is not None:
             if prev is None:
                 raise ValueError("the batch reads pending tokens of a previous step; none was given")

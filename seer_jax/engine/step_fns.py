@@ -203,13 +203,6 @@ def _unpack_inputs(flat, spec):
     return out
 
 
-def _unpack_inputs_table(flat, table, spec):
-    """`_unpack_inputs`, where the packed "table_idx" / "table_val" are entries of the page
-    table to set first (`_set_entries`); returns (inputs, the updated table)."""
-    out = _unpack_inputs(flat, spec)
-    return out, _set_entries(table, out.pop("table_idx"), out.pop("table_val"))
-
-
 def _merge_tokens(tokens, src, prev):
     """The step's input tokens with those still on the device filled in: token i is
     prev[src[i]] (a sampled token of the previous step's packed outputs) where src[i] >= 0."""
