@@ -5,7 +5,8 @@ For decode at batch B and context C (every request has C tokens of KV, imported 
 speculation, the engine's own per-step phase timings (`StepStats`) split a step into:
 
   plan     host: schedule, drafts, batch build (`Engine._plan`)
-  h2d      the step's inputs to the device
+  h2d      the host's part of sending the step's inputs (packing, transfers dispatched; the
+           device's receiving and unpacking them is in device)
   device   the compiled step, dispatch until its outputs are ready (block_until_ready)
   d2h      sampled tokens (and verify results) back to the host
   commit   host: emissions, appends, finishes, page roll-back, stats

@@ -86,14 +86,13 @@ class ArenaDraftContext:
         if not seqs:
             return
         flat: list[int] = []
-        starts = [0]
         for c in chunks:
-            flat.extend(c.tolist() if isinstance(c, np.ndarray) else c)
-            starts.append(len(flat))
+            flat += c.tolist() if isinstance(c, np.ndarray) else c
         if not flat:
             return
         toks = _token_array(flat)
-        starts = np.array(starts, np.int64)
+        starts = np.zeros(len(chunks) + 1, np.int64)
+        np.cumsum(np.fromiter(map(len, chunks), np.int64, len(chunks)), out=starts[1:])
         self._st, self._ed, self._hk, self._hv = ka.extend(
             self._st, self._ed, self._hk, self._hv, self._meta, self._sq, self._au,
             np.asarray(seqs, np.int64), starts, toks, self._cd)
@@ -144,13 +143,16 @@ class ArenaDraftContext:
         chunks: list = []
         group, requests, owns = self._group, self._requests, self._own
         keeps_own = self._keeps_own()
+        started = self._started
         for rid, toks in items:
             own = owns.get(rid)
-            if not self._started or (own is None and keeps_own) or (group >= 0
-                                                                    and rid not in requests):
+            if not started or (own is None and keeps_own) or (group >= 0
+                                                              and rid not in requests):
                 self.start_request(rid)
+                started = True
                 own = owns.get(rid)
-            toks = toks if isinstance(toks, (list, tuple, np.ndarray)) else list(toks)
+            if type(toks) is not list and not isinstance(toks, (tuple, np.ndarray)):
+                toks = list(toks)
             if group >= 0:
                 seqs.append(requests[rid])
                 chunks.append(toks)

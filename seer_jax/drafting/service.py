@@ -166,13 +166,30 @@ class InProcessDraftService:
         if self.keep_log:
             self.append_batch([DraftAppend(g, r, np.array(t, np.int32)) for g, r, t in rows])
             return
-        pending: dict[int, tuple[ArenaDraftContext, list]] = {}
-        for g, r, t in rows:
-            ctx = self._context(g)
-            pending.setdefault(id(ctx), (ctx, []))[1].append((r, t))
-            self._versions[g] += 1
-        for item in pending.values():
-            _flush(item)
+        by_group: dict[str, list] = {}
+        last: dict[str, int] = {}
+        for i, (g, r, t) in enumerate(rows):
+            items = by_group.get(g)
+            if items is None:
+                items = by_group[g] = []
+            items.append((r, t))
+            last[g] = i
+        groups = self._groups
+        if not all(g in groups for g in by_group):  # a new group: row by row (its LRU closes)
+            pending: dict[int, tuple[ArenaDraftContext, list]] = {}
+            for g, r, t in rows:
+                ctx = self._context(g)
+                pending.setdefault(id(ctx), (ctx, []))[1].append((r, t))
+                self._versions[g] += 1
+            for item in pending.values():
+                _flush(item)
+            return
+        # each group once, made the most recently written in the order of its last row (as row
+        # by row)
+        for g in sorted(by_group, key=last.__getitem__):
+            items = by_group[g]
+            self._versions[g] += len(items)
+            self._context(g).append_many(items)
 
     def finish_request(self, group_id: str, request_id: str) -> None:
         ctx = self._groups.get(group_id)

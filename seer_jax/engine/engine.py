@@ -453,7 +453,7 @@ class Engine:
         ended out of a later step already in flight; the draft service gets the tokens.
         emissions: (request, tokens, logprobs, top-logprob rows, reserved position)."""
         finished, appended, ended = [], [], []
-        eos, trim = self.eos_ids, plan.drafts is not None
+        eos, trim, S = self.eos_ids, plan.drafts is not None, self.config.page_size
         for seq, toks_e, lps_e, tops_e, pos in emissions:
             if seq.metrics.first_token_time is None:
                 seq.metrics.first_token_time = now
@@ -482,8 +482,8 @@ class Engine:
             if reason is not None:
                 ended.append((seq.group_id, seq.request_id))
                 finished.append(self._finish(seq, reason, step))
-            elif trim:  # roll back pages the rejected draft nodes used
-                self.kv.trim(seq, seq.num_tokens)
+            elif trim and len(seq.pages) * S >= seq.num_tokens + S:
+                self.kv.trim(seq, seq.num_tokens)  # roll back pages rejected draft nodes used
         later = self._inflight
         if finished and later is not None and later.step != step:
             self._uncount(later, {o.request_id for o in finished})

@@ -99,7 +99,9 @@ _STEP_LOCK = threading.RLock()
 
 @dataclasses.dataclass(frozen=True)
 class StepTimings:
-    """Host-clock seconds of the runner's last step, by phase: inputs to the device (h2d), the
+    """Host-clock seconds of the runner's last step, by phase: the host's part of sending the
+    inputs (h2d: packing, transfers dispatched; what the device still spends receiving and
+    unpacking them counts in device), the
     compiled step until its outputs are ready (device, dispatch included), outputs back to the
     host (d2h). Compiling a new shape is not in them (`ModelRunner.compile_s`). wait: the part
     of device the host spent blocked on the outputs (with overlap, zero when the step was done
@@ -215,9 +217,11 @@ class ModelRunner:
     def device_input(self, x, dtype=None) -> jax.Array:
         """A host array as a step input: on this process's default device, or replicated over a
         mesh that spans processes (every process passes the same value)."""
+        x = np.asarray(x, dtype)
         if self._replicated is None:
-            return jnp.asarray(x, dtype)
-        return jax.device_put(np.asarray(x, dtype), self._replicated)
+            # (a transfer, no compiled conversion: jnp.asarray compiles one per new shape)
+            return jax.device_put(x) if x.dtype.itemsize <= 4 else jnp.asarray(x)
+        return jax.device_put(x, self._replicated)
 
     def set_params(self, params: Params) -> None:
         """New weights (stacked or per layer), held as `layer_weights` says."""
@@ -289,11 +293,11 @@ class ModelRunner:
         """The step's inputs on the device (dispatched, not waited for), with the persistent
         page table if the batch indexes it, and the pending tokens read from `prev`'s outputs
         on the device where `batch.token_src` says so."""
-        arrays = batch.arrays()
+        arrays = {k: np.asarray(v) for k, v in batch.arrays().items()}
         # one transfer for the whole batch (every input is 32-bit): packed on the host, taken
         # apart on the device
-        spec = tuple((k, np.shape(v), np.asarray(v).dtype.str) for k, v in arrays.items())
-        flat = np.concatenate([np.asarray(v).reshape(-1).view(np.int32) for v in arrays.values()])
+        spec = tuple((k, v.shape, v.dtype.str) for k, v in arrays.items())
+        flat = np.concatenate([v.reshape(-1).view(np.int32) for v in arrays.values()])
         dev = dict(self._unpack_inputs(self.device_input(flat), spec))
         if batch.page_table is not None:
             dev["page_table"] = self.sync_page_table(batch.page_table)
@@ -318,7 +322,8 @@ class ModelRunner:
         waiting for it: its outputs stay on the device (`fetch` brings them back). The cache is
         updated in order, so a later launch, or any cache operation, sees this step's writes.
         `prev`: the launched step whose sampled tokens this batch reads (`batch.token_src`).
-        wait_inputs: wait for the inputs' transfer (so that `timings.h2d_s` measures it)."""
+        wait_inputs: wait for the inputs' transfer (so that `timings.h2d_s` measures it; the
+        host then spends that time waiting: `sample` and `verify` do not)."""
         t0 = time.perf_counter()
         check_unique("KV slots of the step's tokens", batch.slots)
         dev = self._device_batch(batch, prev)
@@ -361,12 +366,12 @@ class ModelRunner:
     def sample(self, batch: StepBatch, num_top: int = 0):
         """Run a step and sample one token per row; host arrays (tokens [rows], logprobs
         [rows], top-logprobs or None)."""
-        return self.fetch(self.launch(batch, num_top, wait_inputs=True))
+        return self.fetch(self.launch(batch, num_top))
 
     def verify(self, batch: StepBatch):
         """Run a speculative step; returns host arrays (tokens [n_dec, q], logprobs [n_dec, q],
         num_accepted [n_dec], accepted_nodes [n_dec, q-1]) and the prefill (tokens, logprobs)."""
-        return self.fetch(self.launch(batch, wait_inputs=True))
+        return self.fetch(self.launch(batch))
 
     def move_slots(self, src, dst) -> None:
         """Copy the K/V at cache slots src to slots dst (all layers): compacts an accepted tree

@@ -70,12 +70,13 @@ def accept(decode: list[Request], drafts, outputs, kv: KVCacheManager, runner,
                               table[rows[i], dst // S] * S + dst % S)
     accepted = acc.tolist()
     toks, lps = d_toks[:n].tolist(), d_lps[:n].tolist()
+    lens = [len(d) for d in drafts]
     emissions = []
-    for seq, d, a, t, lp in zip(decode, drafts, accepted, toks, lps, strict=True):
+    for seq, nd, a, t, lp in zip(decode, lens, accepted, toks, lps, strict=True):
         seq.num_computed += 1 + a
         m = seq.metrics
-        m.spec_proposed += len(d)
+        m.spec_proposed += nd
         m.spec_accepted += a
         emissions.append((seq, t[:a + 1], lp[:a + 1], [], -1))
-    spec.observe(drafts, accepted)
+    spec.observe(drafts, accepted, sum(lens))
     return emissions

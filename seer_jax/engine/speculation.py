@@ -103,9 +103,11 @@ class Speculator:
             out.append(d)
         return out
 
-    def observe(self, drafts: list[Draft], accepted: list[int]) -> None:
+    def observe(self, drafts: list[Draft], accepted: list[int], proposed: int | None = None) -> None:
+        """A verified step: its drafts, the tokens accepted of each (proposed: the drafts'
+        nodes in all, when the caller counted them)."""
         self.budget.stats.observe_drafts(drafts, accepted)
-        self.proposed += int(sum(len(d) for d in drafts))
+        self.proposed += int(sum(len(d) for d in drafts) if proposed is None else proposed)
         self.accepted += int(sum(accepted))
         self.spec_steps += 1
 
