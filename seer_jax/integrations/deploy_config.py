@@ -247,7 +247,9 @@ def validate_config(c: ml_collections.ConfigDict, num_devices: int | None = None
     # head, each device holds them all
     hkv = cfg.num_kv_heads
     if cfg.mla is not None:
-        kv_per_device = kv_gib
+        # TPU HBM tiles a row's lanes by 128: 576 latent values occupy 640
+        width = cfg.mla.cache_width
+        kv_per_device = kv_gib * (-(-width // 128) * 128 / width if c.platform == "tpu" else 1)
     else:
         kv_per_device = kv_gib / (tp if hkv % tp == 0 else hkv if tp % hkv == 0 else 1)
     hbm = float(mesh.hbm_gib_per_device)
