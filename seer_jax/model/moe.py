@@ -22,7 +22,12 @@ is hit), with no sorted copy of the rows: the compilers lower ragged_dot poorly 
 (XLA:GPU as a dense masked GEMM over all local experts with an [experts, rows, embed] operand;
 XLA:TPU copies a stacked layer's expert weights out of the stack before its ragged dot, which it
 does not fuse with the slice). Its extra flops (experts / k times the routed ones) stay under the
-chips' flops per weight byte at these batch sizes. Larger batches (prefill, verify) and the CPU
+chips' flops per weight byte at these batch sizes. A batch whose N*k (token, expert) pairs are
+at most half the experts (`use_sparse_experts`: batch 8 or less at top-8 of 128, the long tail of
+a rollout) runs `sparse_experts` instead: only the distinct experts it chose, each over the N
+tokens with its weights sliced out of the stack, the unused slots of a static bound skipped, so
+the step reads the weights of the experts it hits (8 of 128 at batch 1), as the cost model counts.
+Larger batches (prefill, verify) and the CPU
 keep the grouped ragged_dot on TPU and CPU; GPUs run `grouped_matmul.blocked_experts` (rows sorted
 into blocks each owned by one expert, batched matmuls over the blocks: XLA:GPU's masked-GEMM
 ragged_dot would need gigabytes of temporaries at a prefill chunk). Parameters of one MoE layer (keys of a layer's params, `MOE_KEYS`):
@@ -192,7 +197,12 @@ def sparse_experts(x_nd: jax.Array, weights_nk: jax.Array, ids_nk: jax.Array, w_
     # [N, slots]: each token's router weight for the slot's expert (0: not chosen)
     combine = jnp.sum(jnp.where(lid[:, :, None] == chosen[None, None, :],
                                 weights_nk[:, :, None], 0.0), axis=1)
-    out = jnp.zeros((N, x_nd.shape[1]), jnp.float32)
+    # one token: a zero row makes each expert's products matrix-matrix (XLA:GPU lowers a
+    # vector-matrix dot as an elementwise product it writes out whole, then a reduction)
+    rows = max(N, 2)
+    x_nd = jnp.pad(x_nd, ((0, rows - N), (0, 0)))
+    combine = jnp.pad(combine, ((0, rows - N), (0, 0)))
+    out = jnp.zeros((rows, x_nd.shape[1]), jnp.float32)
 
     def run(e, c_n, out):
         pick = lambda w: jax.lax.dynamic_index_in_dim(w, e, keepdims=False)
@@ -203,7 +213,7 @@ def sparse_experts(x_nd: jax.Array, weights_nk: jax.Array, ids_nk: jax.Array, w_
     for s in range(slots):
         out = jax.lax.cond(chosen[s] < local, run, lambda e, c_n, out: out,
                            chosen[s], combine[:, s], out)
-    return out
+    return out[:N]
 
 
 def local_experts(x_nd: jax.Array, weights_nk: jax.Array, ids_nk: jax.Array, w_gate: jax.Array,
