@@ -197,12 +197,7 @@ def sparse_experts(x_nd: jax.Array, weights_nk: jax.Array, ids_nk: jax.Array, w_
     # [N, slots]: each token's router weight for the slot's expert (0: not chosen)
     combine = jnp.sum(jnp.where(lid[:, :, None] == chosen[None, None, :],
                                 weights_nk[:, :, None], 0.0), axis=1)
-    # one token: a zero row makes each expert's products matrix-matrix (XLA:GPU lowers a
-    # vector-matrix dot as an elementwise product it writes out whole, then a reduction)
-    rows = max(N, 2)
-    x_nd = jnp.pad(x_nd, ((0, rows - N), (0, 0)))
-    combine = jnp.pad(combine, ((0, rows - N), (0, 0)))
-    out = jnp.zeros((rows, x_nd.shape[1]), jnp.float32)
+    out = jnp.zeros((N, x_nd.shape[1]), jnp.float32)
 
     def run(e, c_n, out):
         pick = lambda w: jax.lax.dynamic_index_in_dim(w, e, keepdims=False)
@@ -213,7 +208,7 @@ def sparse_experts(x_nd: jax.Array, weights_nk: jax.Array, ids_nk: jax.Array, w_
     for s in range(slots):
         out = jax.lax.cond(chosen[s] < local, run, lambda e, c_n, out: out,
                            chosen[s], combine[:, s], out)
-    return out[:N]
+    return out
 
 
 def local_experts(x_nd: jax.Array, weights_nk: jax.Array, ids_nk: jax.Array, w_gate: jax.Array,
