@@ -19,7 +19,8 @@ slices' bytes, each kernel call at its own estimate); with the instructions that
 
 Mixtures of experts: `--deploy FILE[,FILE]` adds deployment configs (configs/*.py) to part 1,
 named by their file, each on its own chip (`mesh.chip`) at decode batch 1/32/256 x context
-8K and a prefill chunk of 2,048 tokens (`--deploy-only`: without the default models); their model config's `cost_spec()` must give the MoE/MLA `ModelSpec`
+8K and a prefill chunk of 2,048 tokens (`--deploy-only`: without the default models; `--deploy-batches` and `--deploy-prefill` pick
+the points); their model config's `cost_spec()` must give the MoE/MLA `ModelSpec`
 (`seer_jax.costs.spec_from_hf_config` builds one from the architecture fields). The roofline
 then reads the shared weights plus the distinct experts the step's tokens hit
 (`expected_distinct_experts`); each row also carries `costs_py_all_experts_s`, the roofline
