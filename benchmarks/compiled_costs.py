@@ -19,7 +19,8 @@ slices' bytes, each kernel call at its own estimate); with the instructions that
 
 Mixtures of experts: `--deploy FILE[,FILE]` adds deployment configs (configs/*.py) to part 1,
 named by their file, each on its own chip (`mesh.chip`) at decode batch 1/32/256 x context
-8K and a prefill chunk of 2,048 tokens (`--deploy-only`: without the default models); their model config's `cost_spec()` must give the MoE/MLA `ModelSpec`
+8K and a prefill chunk of 2,048 tokens (`--deploy-only`: without the default models; `--deploy-batches` and `--deploy-prefill` pick
+the points); their model config's `cost_spec()` must give the MoE/MLA `ModelSpec`
 (`seer_jax.costs.spec_from_hf_config` builds one from the architecture fields). The roofline
 then reads the shared weights plus the distinct experts the step's tokens hit
 (`expected_distinct_experts`); each row also carries `costs_py_all_experts_s`, the roofline
@@ -160,6 +161,10 @@ def main() -> int:
                     "(e.g. MoE ones), named by their file stem")
     ap.add_argument("--deploy-only", action="store_true",
                     help="the --deploy configs alone (not the default models)")
+    ap.add_argument("--deploy-batches", default="1,32,256",
+                    help="the --deploy configs' decode batches (comma-separated)")
+    ap.add_argument("--deploy-prefill", type=int, default=2048,
+                    help="the --deploy configs' prefill chunk (0: none)")
     args = ap.parse_args()
     t0 = time.perf_counter()
     cfgs = {} if args.deploy_only else {
@@ -178,7 +183,9 @@ def main() -> int:
     for name, (cfg, target) in deploy.items():
         if args.bytes_only:
             break
-        for b, c, pre in [(b, 8192, 0) for b in (1, 32, 256)] + [(1, 0, 2048)]:
+        batches = [int(b) for b in filter(None, args.deploy_batches.split(","))]
+        prefill = [(1, 0, args.deploy_prefill)] if args.deploy_prefill else []
+        for b, c, pre in [(b, 8192, 0) for b in batches] + prefill:
             rows.append(roofline_point(name, cfg, target, args.impl, b, c, prefill=pre,
                                        layer_weights="per_layer"))
             _print_row(name, target, rows[-1])

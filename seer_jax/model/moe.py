@@ -22,7 +22,12 @@ is hit), with no sorted copy of the rows: the compilers lower ragged_dot poorly 
 (XLA:GPU as a dense masked GEMM over all local experts with an [experts, rows, embed] operand;
 XLA:TPU copies a stacked layer's expert weights out of the stack before its ragged dot, which it
 does not fuse with the slice). Its extra flops (experts / k times the routed ones) stay under the
-chips' flops per weight byte at these batch sizes. Larger batches (prefill, verify) and the CPU
+chips' flops per weight byte at these batch sizes. A batch whose N*k (token, expert) pairs are
+at most half the experts (`use_sparse_experts`: batch 8 or less at top-8 of 128, the long tail of
+a rollout) runs `sparse_experts` instead: only the distinct experts it chose, each over the N
+tokens with its weights sliced out of the stack, the unused slots of a static bound skipped, so
+the step reads the weights of the experts it hits (8 of 128 at batch 1), as the cost model counts.
+Larger batches (prefill, verify) and the CPU
 keep the grouped ragged_dot on TPU and CPU; GPUs run `grouped_matmul.blocked_experts` (rows sorted
 into blocks each owned by one expert, batched matmuls over the blocks: XLA:GPU's masked-GEMM
 ragged_dot would need gigabytes of temporaries at a prefill chunk). Parameters of one MoE layer (keys of a layer's params, `MOE_KEYS`):
@@ -168,6 +173,56 @@ def dense_experts(x_nd: jax.Array, weights_nk: jax.Array, ids_nk: jax.Array, w_g
                       preferred_element_type=jnp.float32)
 
 
+def use_sparse_experts(num_tokens: int, k: int, num_experts: int) -> bool:
+    """Whether a step run by `dense_experts` runs `sparse_experts` instead: its N*k (token,
+    expert) pairs are at most half the experts, so it hits under half of them (40% at N*k =
+    experts / 2) and reading only those beats reading all."""
+    return 2 * num_tokens * k <= num_experts
+
+
+def sparse_experts(x_nd: jax.Array, weights_nk: jax.Array, ids_nk: jax.Array, w_gate: jax.Array,
+                   w_up: jax.Array, w_down: jax.Array, first: int | jax.Array = 0) -> jax.Array:
+    """`dense_experts` reading only the experts the tokens chose, float32 [N, d]: the distinct
+    chosen experts among first.. first + len(w_gate), sorted and padded to a static
+    min(N*k, local) slots, each slot one expert over the N tokens (its weights sliced out of the
+    stack) scaled by the router weights and added; a padding slot runs nothing (`lax.cond`), so
+    no weights are read for it. The slots unroll (the compilers' cost analysis counts a loop
+    body once)."""
+    local = w_gate.shape[0]
+    N, k = ids_nk.shape
+    lid = ids_nk - first
+    lid = jnp.where((lid >= 0) & (lid < local), lid, local)
+    slots = min(N * k, local)
+    chosen = jnp.unique(lid.ravel(), size=slots, fill_value=local)  # sorted; padding = local
+    # [N, slots]: each token's router weight for the slot's expert (0: not chosen)
+    combine = jnp.sum(jnp.where(lid[:, :, None] == chosen[None, None, :],
+                                weights_nk[:, :, None], 0.0), axis=1)
+    out = jnp.zeros((N, x_nd.shape[1]), jnp.float32)
+
+    def run(e, c_n, out):
+        pick = lambda w: jax.lax.dynamic_index_in_dim(w, e, keepdims=False)
+        h = jax.nn.silu(x_nd @ pick(w_gate)) * (x_nd @ pick(w_up))
+        h = (h.astype(jnp.float32) * c_n[:, None]).astype(x_nd.dtype)
+        return out + jnp.dot(h, pick(w_down), preferred_element_type=jnp.float32)
+
+    for s in range(slots):
+        out = jax.lax.cond(chosen[s] < local, run, lambda e, c_n, out: out,
+                           chosen[s], combine[:, s], out)
+    return out
+
+
+def local_experts(x_nd: jax.Array, weights_nk: jax.Array, ids_nk: jax.Array, w_gate: jax.Array,
+                  w_up: jax.Array, w_down: jax.Array, first: int | jax.Array = 0,
+                  num_experts: int | None = None) -> jax.Array:
+    """A decode-sized batch's experts among first.. first + len(w_gate) (float32 [N, d]):
+    `sparse_experts` where the batch hits few of the `num_experts` (default: the local ones),
+    else `dense_experts`."""
+    N, k = ids_nk.shape
+    if use_sparse_experts(N, k, num_experts or w_gate.shape[0]):
+        return sparse_experts(x_nd, weights_nk, ids_nk, w_gate, w_up, w_down, first)
+    return dense_experts(x_nd, weights_nk, ids_nk, w_gate, w_up, w_down, first)
+
+
 def expert_parallel(mesh: Mesh | None, num_experts: int) -> int:
     """How many devices the experts split over (1: no expert parallelism)."""
     ep = 1 if mesh is None else mesh.shape.get(EP_AXIS, 1)
@@ -225,7 +280,8 @@ def routed_experts_ep(x_nd: jax.Array, weights_nk: jax.Array, ids_nk: jax.Array,
         shard = jax.lax.axis_index(EP_AXIS)
         first = shard * local
         if dense:
-            return jax.lax.psum(dense_experts(x, w, ids, w_gate, w_up, w_down, first), EP_AXIS)
+            return jax.lax.psum(local_experts(x, w, ids, w_gate, w_up, w_down, first,
+                                              num_experts), EP_AXIS)
         if blocked:
             return jax.lax.psum(blocked_experts(x, w, ids, w_gate, w_up, w_down, first), EP_AXIS)
         order, sizes = sort_by_expert(ids, num_experts)
@@ -256,7 +312,7 @@ def moe_mlp(h_nd: jax.Array, lp: dict[str, Any], moe: MoeConfig,
     if expert_parallel(mesh, moe.num_experts) > 1:
         out = routed_experts_ep(h_nd, weights, ids, lp, mesh, moe)
     elif use_dense_experts(h_nd.shape[0], mesh):
-        out = dense_experts(h_nd, weights, ids, lp["we_gate"], lp["we_up"],
+        out = local_experts(h_nd, weights, ids, lp["we_gate"], lp["we_up"],
                             lp["we_down"]).astype(h_nd.dtype)
     elif use_blocked_experts(h_nd.shape[0], mesh):
         out = blocked_experts(h_nd, weights, ids, lp["we_gate"], lp["we_up"],

@@ -195,6 +195,56 @@ def test_dense_experts_equal_the_grouped_ragged_dot(monkeypatch, tp):
     assert np.array_equal(np.asarray(ids), np.asarray(ref_ids))
 
 
+def test_sparse_experts_equal_the_dense_ones():
+    """The small-batch formulation (only the chosen experts, padding slots skipped) gives
+    `dense_experts`'s outputs, over all experts and over one device's block of them."""
+    from seer_jax.model.moe import dense_experts, sparse_experts, use_sparse_experts
+
+    rng = np.random.RandomState(3)
+    E, d, f = 16, 8, 12
+    w = [rng.randn(*s).astype(np.float32) / 3 for s in ((E, d, f), (E, d, f), (E, f, d))]
+    assert use_sparse_experts(1, 8, 128) and use_sparse_experts(8, 8, 128)
+    assert not use_sparse_experts(9, 8, 128)
+    for N, k, first, local in ((1, 4, 0, E), (3, 2, 0, E), (2, 3, 4, 4), (5, 2, 8, 8)):
+        x = rng.randn(N, d).astype(np.float32)
+        ids = np.stack([rng.choice(E, k, replace=False) for _ in range(N)]).astype(np.int32)
+        ids[-1] = ids[0]  # tokens sharing experts
+        wts = rng.rand(N, k).astype(np.float32)
+        ws = [a[first:first + local] for a in w]
+        ref = dense_experts(x, wts, ids, *ws, first)
+        out = jax.jit(sparse_experts)(x, wts, ids, *ws, first)
+        np.testing.assert_allclose(np.asarray(out), np.asarray(ref), atol=2e-6, rtol=1e-6)
+
+
+@pytest.mark.parametrize("tp", [1, 2, 4])
+def test_small_batches_run_only_the_chosen_experts(monkeypatch, tp):
+    """A decode-sized batch hitting few experts on TPU and GPU runs `sparse_experts` (one
+    device and expert-parallel under the psum) and gives the grouped ragged_dot's outputs."""
+    from seer_jax.model import moe as moe_module
+
+    moe = MoeConfig(num_experts=16, num_experts_per_tok=2, expert_intermediate_size=16,
+                    norm_topk_prob=True)
+    cfg = tiny_config(architecture="Qwen3MoeForCausalLM", qk_norm=True, num_layers=1, moe=moe)
+    lp = split_layers(init_params(cfg, seed=5), cfg)["layers"][0]
+    lp = {k: v for k, v in lp.items() if k in MOE_AXES}
+    x = np.random.RandomState(2).randn(4, cfg.hidden_size).astype(np.float32)
+    ref, ref_ids = moe_mlp(x, lp, moe)
+    mesh = make_mesh(jax.devices()[:tp]) if tp > 1 else None
+    if mesh is not None:
+        sharded = shard_params({"layers": {k: v[None] for k, v in lp.items()}}, mesh)["layers"]
+        lp = {k: v[0] for k, v in sharded.items()}
+    calls = []
+    real = moe_module.sparse_experts
+    monkeypatch.setattr(moe_module, "use_dense_experts",
+                        lambda n, m: n <= moe_module.DENSE_MAX_TOKENS)
+    monkeypatch.setattr(moe_module, "sparse_experts",
+                        lambda *a, **k: calls.append(a[-1]) or real(*a, **k))
+    out, ids = jax.jit(lambda x, lp: moe_mlp(x, lp, moe, mesh))(x, lp)
+    assert calls
+    np.testing.assert_allclose(np.asarray(out), np.asarray(ref), atol=1e-5, rtol=0)
+    assert np.array_equal(np.asarray(ids), np.asarray(ref_ids))
+
+
 def test_mixed_layers_split_stack_and_orbax(checkpoints, tmp_path):
     _, path, _ = checkpoints("qwen2_moe")
     cfg, params = load_safetensors_dir(path)
