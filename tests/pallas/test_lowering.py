@@ -177,6 +177,8 @@ def test_deployment_configs_lower_at_their_shapes(path):
     cfg, eng = model_config(c), engine_config(c)
     impl = "tpu" if c.platform == "tpu" else "gpu"
     tp = c.mesh.tp
+    if cfg.mla is not None:
+        return _lower_latent_config(cfg, eng, impl, tp)
     hq, hkv = cfg.num_heads // tp, max(1, cfg.num_kv_heads // tp)
     dtype = jnp.dtype(cfg.dtype)
     pps = -(-(eng.max_model_len or cfg.max_position_embeddings) // eng.page_size)
@@ -202,4 +204,42 @@ def test_deployment_configs_lower_at_their_shapes(path):
     t = 512
     export.export(jax.jit(write, donate_argnums=0), platforms=plat, disabled_checks=DISABLED)(
         pool, S((t, hkv, cfg.head_dim), dtype), S((t, hkv, cfg.head_dim), dtype),
+        S((t,), jnp.int32), S((), jnp.int32))
+
+
+def _lower_latent_config(cfg, eng, impl: str, tp: int) -> None:
+    """A latent-attention config: the engine accepts its MLA kernels, which lower for its
+    platform at its per-shard heads and the whole latent cache (every shard holds it)."""
+    from seer_jax.engine.mla_backend import check_mla_kernel_shapes
+    from seer_jax.pallas.mla import ragged_paged_mla_attention
+    from seer_jax.pallas.mla_layout import latent_cache_shape
+    from seer_jax.pallas.mla_write import write_latent
+
+    m, dtype = cfg.mla, jnp.dtype(cfg.dtype)
+    pps = -(-(eng.max_model_len or cfg.max_position_embeddings) // eng.page_size)
+    plan = AttentionPlan(impl=impl, interpret=False, mesh=None, tp=tp, kv_repeat=1)
+    check_mla_kernel_shapes(plan, num_heads=cfg.num_heads, kv_lora_rank=m.kv_lora_rank,
+                            rope_dim=m.qk_rope_head_dim, page_size=eng.page_size,
+                            dtype_bytes=dtype.itemsize, max_seqs=eng.max_num_seqs,
+                            pages_per_seq=pps, max_tokens=eng.max_num_batched_tokens)
+    pages = int(eng.kv_pages(cfg.kv_bytes_per_token()))
+    pool = S(latent_cache_shape(cfg.num_layers, pages, eng.page_size, m.kv_lora_rank,
+                                m.qk_rope_head_dim), dtype)
+    n, heads = eng.max_num_seqs, cfg.num_heads // tp
+    meta = [S((n,), jnp.int32), S((n, pps), jnp.int32), S((n + 1,), jnp.int32), S((), jnp.int32)]
+
+    def attend(ql, qr, cache, a, b, cu, num, layer):
+        return ragged_paged_mla_attention(ql, qr, cache, a, b, cu, num, sm_scale=0.1, impl=impl,
+                                          layer=layer)
+
+    def write(cache, c_kv, k_rope, slots, layer):
+        return write_latent(cache, c_kv, k_rope, slots, impl=impl, layer=layer)
+
+    plat = [PLATFORMS[impl]]
+    export.export(jax.jit(attend), platforms=plat, disabled_checks=DISABLED)(
+        S((n, heads, m.kv_lora_rank), dtype), S((n, heads, m.qk_rope_head_dim), dtype), pool,
+        *meta, S((), jnp.int32))
+    t = 512
+    export.export(jax.jit(write, donate_argnums=0), platforms=plat, disabled_checks=DISABLED)(
+        pool, S((t, m.kv_lora_rank), dtype), S((t, m.qk_rope_head_dim), dtype),
         S((t,), jnp.int32), S((), jnp.int32))
