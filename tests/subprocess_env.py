@@ -1,10 +1,7 @@
 """Environment for the processes tests start (CLI runs, benchmarks, Ray actors)."""
 
 import os
-
-# the test run's persistent compilation cache (tests/conftest.py sets them)
-COMPILATION_CACHE_VARS = ("JAX_COMPILATION_CACHE_DIR", "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS",
-                          "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES")
+import tempfile
 
 
 def xla_flags_without_device_count() -> str:
@@ -15,5 +12,8 @@ def xla_flags_without_device_count() -> str:
 
 
 def compilation_cache_env() -> dict[str, str]:
-    """So that a process loads the executables the run's other processes compiled."""
-    return {k: os.environ[k] for k in COMPILATION_CACHE_VARS}
+    """A persistent compilation cache the Ray actors of a test run share (each actor process
+    runs one engine), so that an actor loads the steps another compiled."""
+    path = os.path.join(tempfile.gettempdir(), f"seer_jax_tests_jax_cache_{os.getuid()}")
+    return {"JAX_COMPILATION_CACHE_DIR": path, "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+            "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0"}
