@@ -219,8 +219,10 @@ class ModelRunner:
         mesh that spans processes (every process passes the same value)."""
         x = np.asarray(x, dtype)
         if self._replicated is None:
-            # (a transfer, no compiled conversion: jnp.asarray compiles one per new shape)
-            return jax.device_put(x) if x.dtype.itemsize <= 4 else jnp.asarray(x)
+            # (a transfer, no compiled conversion: jnp.asarray compiles one per new shape). A
+            # copy: on the CPU a transfer may alias the host array, which the host reuses while
+            # the step runs
+            return jax.device_put(x.copy()) if x.dtype.itemsize <= 4 else jnp.asarray(x)
         return jax.device_put(x, self._replicated)
 
     def set_params(self, params: Params) -> None:
