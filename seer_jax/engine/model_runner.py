@@ -29,7 +29,6 @@ from __future__ import annotations
 import collections
 import dataclasses
 import math
-import threading
 import time
 
 import jax
@@ -71,6 +70,7 @@ from seer_jax.engine.step_fns import (  # noqa: F401 (several are re-exported)
     step_jit,
     verify_outputs,
 )
+from seer_jax.engine.xla_guard import STEP_LOCK, install_cpu_compile_guard
 from seer_jax.model import moe
 from seer_jax.model.config import ModelConfig
 from seer_jax.model.llama import (
@@ -91,10 +91,11 @@ MAX_EXECUTABLES = 512
 # a new step waits for them first, so that XLA never compiles while a step executes in the
 # background (overlap leaves one step in flight per engine; compiles are rare)
 _IN_FLIGHT: collections.deque = collections.deque(maxlen=1024)
-# held while a step is looked up, compiled and dispatched: engines stepped on threads
-# (`ConcurrentDriver`) share the executable cache and the fence above, so no step is dispatched
-# while another thread compiles, and a shape is compiled once
-_STEP_LOCK = threading.RLock()
+# held while a step is looked up, compiled and dispatched, and around all other device work of
+# a runner: engines stepped on threads (`ConcurrentDriver`) share the executable cache and the
+# fence above, so no step is dispatched while another thread compiles, and a shape is compiled
+# once (`xla_guard`)
+_STEP_LOCK = STEP_LOCK
 
 
 @dataclasses.dataclass(frozen=True)
@@ -159,6 +160,7 @@ class ModelRunner:
         layer_weights: how the layer weights are held (`llama.LAYER_WEIGHTS`).
         routed_experts: steps also return the MoE routers' expert ids of every row (sampled
         rows; a verify step's every decode-region token) (`routed_experts` after each `fetch`)."""
+        install_cpu_compile_guard()
         self.cfg = cfg
         self.routed = ((cfg.num_moe_layers, cfg.moe.num_experts_per_tok)
                        if routed_experts and cfg.moe is not None else None)
@@ -196,7 +198,8 @@ class ModelRunner:
         self._batch_sharding = (NamedSharding(mesh, PartitionSpec()) if mesh is not None
                                 else sharding)
         fmt, rep = self.kv_format, self._batch_sharding
-        self.kv_all = jax.jit(lambda: jnp.zeros(shape, dtype), out_shardings=fmt)()
+        with _STEP_LOCK:
+            self.kv_all = jax.jit(lambda: jnp.zeros(shape, dtype), out_shardings=fmt)()
         # cache maintenance, all in place (donated) and format-pinned like the steps
         self._move_slots = jax.jit(_move_slots, donate_argnums=0, in_shardings=(fmt, rep, rep),
                                    out_shardings=fmt)
@@ -235,7 +238,9 @@ class ModelRunner:
             params = jax.tree.map(
                 lambda x: np.asarray(x) if isinstance(x, jax.Array) and x.is_fully_addressable
                 else x, params)
-        self.params = shard_params(params, self.mesh, self.rules) if self.mesh is not None else params
+        with _STEP_LOCK:
+            self.params = (shard_params(params, self.mesh, self.rules) if self.mesh is not None
+                           else params)
 
     def stacked_params(self) -> Params:
         """The weights with the layers stacked (how the model and trainers hold them)."""
@@ -328,7 +333,8 @@ class ModelRunner:
         host then spends that time waiting: `sample` and `verify` do not)."""
         t0 = time.perf_counter()
         check_unique("KV slots of the step's tokens", batch.slots)
-        dev = self._device_batch(batch, prev)
+        with _STEP_LOCK:
+            dev = self._device_batch(batch, prev)
         if wait_inputs:
             jax.block_until_ready(dev)
         t1 = time.perf_counter()
@@ -384,8 +390,9 @@ class ModelRunner:
             check_unique("accepted draft slots", dst, hi=end)
             src = np.pad(np.asarray(src, np.int32), (0, n - len(src)))
             dst = np.pad(np.asarray(dst, np.int32), (0, n - len(dst)), constant_values=end)
-            self.kv_all = self._move_slots(self.kv_all, self.device_input(src),
-                                           self.device_input(dst))
+            with _STEP_LOCK:
+                self.kv_all = self._move_slots(self.kv_all, self.device_input(src),
+                                               self.device_input(dst))
 
     def copy_pages(self, pairs: list[tuple[int, int]]) -> None:
         if not pairs:
@@ -393,11 +400,14 @@ class ModelRunner:
         src = self.device_input([p[0] for p in pairs], jnp.int32)
         check_unique("page copies", [p[1] for p in pairs])
         dst = self.device_input([p[1] for p in pairs], jnp.int32)
-        self.kv_all = self._copy_pages(self.kv_all, src, dst)
+        with _STEP_LOCK:
+            self.kv_all = self._copy_pages(self.kv_all, src, dst)
 
     def read_kv(self, pages: list[int], num_tokens: int) -> tuple[np.ndarray, np.ndarray]:
         """Host copies [num_layers, num_kv_heads, num_tokens, head_dim] of a page table's tokens."""
-        kv = to_host(self._read_pages(self.kv_all, self.device_input(pages, jnp.int32)))
+        with _STEP_LOCK:
+            kv = self._read_pages(self.kv_all, self.device_input(pages, jnp.int32))
+        kv = to_host(kv)
         if self.cfg.mla is not None:  # latent rows as k [L, 1, n, W], an empty v
             return latent_rows_to_host(kv, num_tokens)
         L, P, S, C, D = kv.shape
@@ -411,8 +421,9 @@ class ModelRunner:
         check_unique("imported KV pages", pages)
         if self.cfg.mla is not None:
             kv = latent_rows_to_pages(k, len(pages), self.page_size)
-            self.kv_all = self._write_pages(self.kv_all, self.device_input(pages, jnp.int32),
-                                            self.device_input(kv, self.kv_all.dtype))
+            with _STEP_LOCK:
+                self.kv_all = self._write_pages(self.kv_all, self.device_input(pages, jnp.int32),
+                                                self.device_input(kv, self.kv_all.dtype))
             return
         if self.kv_repeat > 1:
             k, v = np.repeat(k, self.kv_repeat, axis=1), np.repeat(v, self.kv_repeat, axis=1)
@@ -421,5 +432,6 @@ class ModelRunner:
         pad = len(pages) * S - n
         kv = interleave_kv(k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3))  # [L, n, 2H, D]
         kv = np.pad(kv, ((0, 0), (0, pad), (0, 0), (0, 0))).reshape(L, len(pages), S, 2 * H, D)
-        self.kv_all = self._write_pages(self.kv_all, self.device_input(pages, jnp.int32),
-                                        self.device_input(kv, self.kv_all.dtype))
+        with _STEP_LOCK:
+            self.kv_all = self._write_pages(self.kv_all, self.device_input(pages, jnp.int32),
+                                            self.device_input(kv, self.kv_all.dtype))
