@@ -13,33 +13,15 @@ the whole cache. Per device: ~61.7 GiB of weights (59 of them experts) + 56 GiB 
 (~855K tokens), of 131 GiB HBM.
 """
 
-import ml_collections
-
 from seer_jax.integrations.deploy_config import default_config
+from seer_jax.integrations.deploy_models import use_model
 
 
 def get_config():
     c = default_config()
     c.name = "gpu_4x8xh200_kimi_k2"
     c.platform = "gpu"
-    c.model.update(dict(
-        name="/models/Kimi-K2-Instruct",  # a local HF directory (safetensors + config.json)
-        architecture="DeepseekV3ForCausalLM", vocab_size=163840, hidden_size=7168,
-        intermediate_size=18432, num_layers=61, num_heads=64, num_kv_heads=64,
-        head_dim=192,  # a head's query/key width: qk_nope_head_dim + qk_rope_head_dim
-        rope_theta=50000.0, rms_norm_eps=1e-6, tie_word_embeddings=False,
-        max_position_embeddings=131072, dtype="bfloat16"))
-    c.model.mla = ml_collections.ConfigDict(dict(
-        kv_lora_rank=512, qk_rope_head_dim=64, qk_nope_head_dim=128, v_head_dim=128,
-        q_lora_rank=1536,
-        yarn=dict(factor=32.0, original_max_position_embeddings=4096, beta_fast=1.0,
-                  beta_slow=1.0, mscale=1.0, mscale_all_dim=1.0)))
-    # sigmoid routing over one group, one shared expert, the first layer dense
-    c.model.moe = ml_collections.ConfigDict(dict(
-        num_experts=384, num_experts_per_tok=8, expert_intermediate_size=2048,
-        scoring="sigmoid", norm_topk_prob=True, routed_scaling_factor=2.827,
-        score_correction_bias=True, n_group=1, topk_group=1, shared_intermediate_size=2048,
-        dense_layers=(0,)))
+    use_model(c, "kimi-k2")
     c.mesh.update(dict(num_instances=1, tp=32, devices=32, hbm_gib_per_device=131.0, chip="h200"))
     c.engine.update(dict(page_size=16, num_pages=0, kv_memory_gib=56.0, max_num_seqs=256,
                          max_num_batched_tokens=4096, max_prefill_seqs=8, max_model_len=33792))

@@ -5,24 +5,15 @@ expert parallelism) and the attention split over the same GPUs (32 query heads, 
 per GPU). Per device: ~28.5 GiB of weights (27 of them experts) + 40 GiB of KV, of 80 GiB HBM.
 """
 
-import ml_collections
-
 from seer_jax.integrations.deploy_config import default_config
+from seer_jax.integrations.deploy_models import use_model
 
 
 def get_config():
     c = default_config()
     c.name = "gpu_8xh100_qwen3_30b_a3b"
     c.platform = "gpu"
-    c.model.update(dict(
-        name="/models/Qwen3-30B-A3B",
-        architecture="Qwen3MoeForCausalLM", vocab_size=151936, hidden_size=2048,
-        intermediate_size=6144, num_layers=48, num_heads=32, num_kv_heads=4, head_dim=128,
-        rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=False,
-        max_position_embeddings=40960, dtype="bfloat16"))
-    c.model.moe = ml_collections.ConfigDict(dict(
-        num_experts=128, num_experts_per_tok=8, expert_intermediate_size=768,
-        scoring="softmax", norm_topk_prob=True))
+    use_model(c, "qwen3-30b-a3b")
     c.mesh.update(dict(num_instances=4, tp=2, devices=8, hbm_gib_per_device=74.0, chip="h100"))
     c.engine.update(dict(page_size=16, num_pages=0, kv_memory_gib=80.0, max_num_seqs=256,
                          max_num_batched_tokens=8192, max_prefill_seqs=8, max_model_len=17408))

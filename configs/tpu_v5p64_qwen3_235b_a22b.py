@@ -7,24 +7,15 @@ devices (64 query heads: 4 per device; 4 KV heads, each repeated over 4 devices)
 each device holds one of the 4 KV heads), of 95 GiB HBM.
 """
 
-import ml_collections
-
 from seer_jax.integrations.deploy_config import default_config
+from seer_jax.integrations.deploy_models import use_model
 
 
 def get_config():
     c = default_config()
     c.name = "tpu_v5p64_qwen3_235b_a22b"
     c.platform = "tpu"
-    c.model.update(dict(
-        name="/models/Qwen3-235B-A22B",
-        architecture="Qwen3MoeForCausalLM", vocab_size=151936, hidden_size=4096,
-        intermediate_size=12288, num_layers=94, num_heads=64, num_kv_heads=4, head_dim=128,
-        rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=False,
-        max_position_embeddings=40960, dtype="bfloat16"))
-    c.model.moe = ml_collections.ConfigDict(dict(
-        num_experts=128, num_experts_per_tok=8, expert_intermediate_size=1536,
-        scoring="softmax", norm_topk_prob=True))
+    use_model(c, "qwen3-235b-a22b")
     c.mesh.update(dict(num_instances=2, tp=16, devices=32, hbm_gib_per_device=88.0, chip="v5p"))
     c.engine.update(dict(page_size=64, num_pages=0, kv_memory_gib=200.0, max_num_seqs=256,
                          max_num_batched_tokens=8192, max_prefill_seqs=8, max_model_len=33792))

@@ -6,24 +6,15 @@ attention split over the same devices (32 query heads, 4 KV heads: one per devic
 ~14.3 GiB of weights (13.5 of them experts) + 60 GiB of KV, of 95 GiB HBM.
 """
 
-import ml_collections
-
 from seer_jax.integrations.deploy_config import default_config
+from seer_jax.integrations.deploy_models import use_model
 
 
 def get_config():
     c = default_config()
     c.name = "tpu_v5p64_qwen3_30b_a3b"
     c.platform = "tpu"
-    c.model.update(dict(
-        name="/models/Qwen3-30B-A3B",  # a local HF directory (safetensors + config.json)
-        architecture="Qwen3MoeForCausalLM", vocab_size=151936, hidden_size=2048,
-        intermediate_size=6144, num_layers=48, num_heads=32, num_kv_heads=4, head_dim=128,
-        rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=False,
-        max_position_embeddings=40960, dtype="bfloat16"))
-    c.model.moe = ml_collections.ConfigDict(dict(
-        num_experts=128, num_experts_per_tok=8, expert_intermediate_size=768,
-        scoring="softmax", norm_topk_prob=True))
+    use_model(c, "qwen3-30b-a3b")
     c.mesh.update(dict(num_instances=8, tp=4, devices=32, hbm_gib_per_device=88.0, chip="v5p"))
     c.engine.update(dict(page_size=64, num_pages=0, kv_memory_gib=240.0, max_num_seqs=256,
                          max_num_batched_tokens=8192, max_prefill_seqs=8, max_model_len=33792))

@@ -187,3 +187,20 @@ def test_latent_attention_keys_are_checked():
     with pytest.raises(ConfigError, match=r"config\.model\.mla: .*qk_rope_head_dim=63: must be even"):
         validate_config(c)
 
+
+
+def test_deployment_models_are_named_once_and_unknown_names_are_refused():
+    """Every shipped config of a model holds the same model fields (they come from one table),
+    and a name not in it is refused with the known ones."""
+    from seer_jax.integrations.deploy_models import MODELS, use_model
+
+    pairs = [("tpu_v6e32_moonlight_16b_a3b", "gpu_8xh100_moonlight_16b_a3b"),
+             ("tpu_v5p64_kimi_k2", "gpu_4x8xh200_kimi_k2"),
+             ("tpu_v5p64_qwen3_30b_a3b", "gpu_8xh100_qwen3_30b_a3b"),
+             ("tpu_v5p64_qwen3_235b_a22b", "gpu_8xh200_qwen3_235b_a22b")]
+    for a, b in pairs:
+        ma, mb = (load_config_file(CONFIG_DIR / f"{n}.py").model.to_dict() for n in (a, b))
+        assert ma == mb
+    assert len(pairs) == len(MODELS)
+    with pytest.raises(ConfigError, match=r"unknown deployment model 'qwen3-8b'.*kimi-k2"):
+        use_model(default_config(), "qwen3-8b")
