@@ -167,3 +167,32 @@ def test_rollout_migrates_kv_through_the_store_with_identical_greedy_tokens(mast
         assert st.entries == 0 and _store_keys(pool) == []  # finished requests' KV was freed
     finally:
         pool.shutdown()
+
+
+def test_blobs_stay_in_the_writers_segment_beside_a_dead_clients():
+    """A client killed without closing leaves its segment in the master until its TTL; a put
+    must not place the blob there (it would be unreadable): replicas go to the writer's own
+    segment."""
+    import signal
+    import subprocess
+
+    from tests.rollout.mooncake_util import loopback_master_or_skip
+
+    with loopback_master_or_skip() as m:  # its own master: the dead segment stays out of others
+        code = ("import time\n"
+                "from seer_jax.rollout.backends.mooncake_pool import MooncakeConfig, _client\n"
+                f"_client(MooncakeConfig(master={m.config.master!r}, "
+                f"metadata_server={m.config.metadata_server!r}))\n"
+                "print('up', flush=True)\ntime.sleep(600)\n")
+        proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE)
+        try:
+            assert proc.stdout.readline().strip() == b"up"
+        finally:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+        pool = TextBlobs(MooncakeKVPool(m.config))
+        try:
+            got = [pool.get(pool.put(f"r{i}", f"v{i}", 10)) for i in range(20)]
+        finally:
+            pool.shutdown()
+        assert got == [f"v{i}" for i in range(20)]

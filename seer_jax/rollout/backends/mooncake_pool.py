@@ -12,8 +12,10 @@ objects move between hosts over TCP (or RDMA). The layout is the one of `RayKVPo
   keeps the first value), and a dead writer's keys stay visible until their lease times out,
   so a key is never reused;
 - `put`: encode the blob in the typed KV blob format (`kv_codec`: a header with dtypes and
-  shapes, then raw array bytes; nothing read from the store is ever unpickled), `store.put`,
-  register the key with the directory. A put the store refuses (full)
+  shapes, then raw array bytes; nothing read from the store is ever unpickled), `store.put`
+  with the replica preferred in the writer's own segment (the KV stays on the host that made
+  it until a reader pulls it, as in the Ray pool; the store places it elsewhere only when that
+  segment is full), register the key with the directory. A put the store refuses (full)
   counts as evicted at once, and its handle reads None;
 - `get`: the directory answers the key (None: evicted or superseded), then `store.get`. An empty
   answer (the store evicted the object itself, or its replica was on a client that is gone)
@@ -153,7 +155,7 @@ class MooncakeKVPool:
             store = self._client()
             key = f"seer/{self.pool_id}/{request_id}/{self._writer_tag}/{next(self._seq)}"
             t0 = time.perf_counter()
-            rc = store.put(key, encode_kv_blob(blob))
+            rc = store.put(key, encode_kv_blob(blob), _local_replica(store))
             seconds = time.perf_counter() - t0
             handle = self._call("put", request_id, [key], nbytes, seconds, _writer(), rc == 0)
             self._free()
@@ -240,6 +242,16 @@ def _client(c: MooncakeConfig) -> Any:
                                 f"{c.master}, metadata server {c.metadata_server}")
             _CLIENTS[c] = store
         return store
+
+
+def _local_replica(store: Any) -> Any:
+    """A put's replica config: one replica, preferably in this client's own segment."""
+    from mooncake.store import ReplicateConfig
+
+    config = ReplicateConfig()
+    config.replica_num = 1
+    config.preferred_segment = store.get_hostname()
+    return config
 
 
 def close_clients() -> None:
