@@ -131,8 +131,9 @@ def routed_experts(x_nd: jax.Array, weights_nk: jax.Array, ids_nk: jax.Array,
     E = lp["we_gate"].shape[0]
     order, sizes = sort_by_expert(ids_nk, E + 1)  # the pairs of no expert sorted last
     y = expert_mlp(x_nd[order // k], sizes[:E], lp["we_gate"], lp["we_up"], lp["we_down"])
-    y = jnp.where((jnp.arange(N * k) < jnp.sum(sizes[:E]))[:, None], y, 0)
-    y_nkd = jnp.zeros_like(y).at[order].set(y).reshape(N, k, -1)
+    # the rows past the groups (pairs of no expert) are dropped: those pairs keep zeros
+    back = jnp.where(jnp.arange(N * k) < jnp.sum(sizes[:E]), order, N * k)
+    y_nkd = jnp.zeros_like(y).at[back].set(y, mode="drop").reshape(N, k, -1)
     out = jnp.sum(y_nkd.astype(jnp.float32) * weights_nk[:, :, None], axis=1)
     return out.astype(x_nd.dtype)
 
