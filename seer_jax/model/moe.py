@@ -27,6 +27,9 @@ at most half the experts (`use_sparse_experts`: batch 8 or less at top-8 of 128,
 a rollout) runs `sparse_experts` instead: only the distinct experts it chose, each over the N
 tokens with its weights sliced out of the stack, the unused slots of a static bound skipped, so
 the step reads the weights of the experts it hits (8 of 128 at batch 1), as the cost model counts.
+A step's padding rows (`moe_mlp`'s token_mask False: the engine's bucket rows past the live
+tokens) choose no expert (id `num_experts`), so a batch of 1 in a bucket of 8 rows still reads
+only its own token's experts, and no grouped matmul or all-to-all carries a padding row.
 Larger batches (prefill, verify) and the CPU
 keep the grouped ragged_dot on TPU and CPU; GPUs run `grouped_matmul.blocked_experts` (rows sorted
 into blocks each owned by one expert, batched matmuls over the blocks: XLA:GPU's masked-GEMM

@@ -295,6 +295,43 @@ def test_padding_rows_reach_no_expert(monkeypatch, formulation, tp):
     assert np.array_equal(np.asarray(got_ids), np.asarray(ids))  # the router's choices
 
 
+def test_engine_padding_rows_reach_no_expert(monkeypatch):
+    """In the engine a decode batch of 1 runs in a bucket of 8 rows: the experts see one live row
+    (the padding rows' ids are the no-expert id; here on the decode formulations TPU and GPU
+    run), and the greedy tokens are those of a full forward (`generate`)."""
+    from seer_jax.model import moe as moe_module
+    from seer_jax.model.generate import generate
+
+    moe = MoeConfig(num_experts=32, num_experts_per_tok=2, expert_intermediate_size=16,
+                    norm_topk_prob=True)
+    cfg = tiny_config(architecture="Qwen3MoeForCausalLM", qk_norm=True, num_layers=2, moe=moe)
+    params = init_params(cfg, seed=7)
+    prompt = [3, 1, 4, 1, 5]
+    want = generate(params, cfg, [prompt], 6, eos_ids=())[0].token_ids
+    seen = []
+    real = moe_module.local_experts
+
+    def spy(x, w, ids, *a, **k):
+        jax.debug.callback(lambda ids: seen.append(
+            (ids.shape[0], int(np.sum(np.any(ids < moe.num_experts, axis=1))))), ids)
+        return real(x, w, ids, *a, **k)
+
+    monkeypatch.setattr(moe_module, "use_dense_experts", lambda n, m: True)
+    monkeypatch.setattr(moe_module, "local_experts", spy)
+    jax.clear_caches()  # traced anew with the patches (and not kept for other tests)
+    config = EngineConfig(num_pages=32, page_size=4, max_num_batched_tokens=16, max_num_seqs=8,
+                          max_prefill_seqs=1)
+    engine = Engine(cfg, params, config, eos_ids=())
+    engine.add_request("0", prompt, 6, SamplingParams(temperature=0.0))
+    got = []
+    while engine.has_unfinished():
+        got += [list(r.token_ids) for r in engine.step()]
+    jax.clear_caches()
+    assert got == [list(want)]
+    # the prompt's 5 tokens in a prefill bucket of 16 rows, then decodes of 1 live row of 8
+    assert sorted(set(seen)) == [(8, 1), (16, 5)]
+
+
 def test_mixed_layers_split_stack_and_orbax(checkpoints, tmp_path):
     _, path, _ = checkpoints("qwen2_moe")
     cfg, params = load_safetensors_dir(path)
