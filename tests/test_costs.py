@@ -239,3 +239,25 @@ def test_moe_weight_reads_and_step_time_grow_with_batch(name, ep):
     assert reads == sorted(reads) and reads[-1] <= cm.weight_bytes_stored() * (1 + 1e-12)
     times = [cm.spec_step_time(b, 0, b * 4096) for b in (1, 2, 4, 16, 64, 128, 256, 512)]
     assert all(a < b for a, b in zip(times, times[1:], strict=False)), times
+
+
+def test_expert_dispatch_activations_counted_per_token():
+    """A MoE step also moves the dispatch's activations: per token and MoE layer, k pairs of 9
+    hidden-wide and 6 expert-hidden-wide rows in the model's dtype and the float32 sum; a dense
+    model moves none. The engine's model config gives the same figure as the published shapes."""
+    from seer_jax.model.config import tiny_config
+    from seer_jax.model.moe_config import MoeConfig
+
+    cm = _roofline("qwen3-30b-a3b", "h100")
+    m = cm.model
+    per_token = 48 * (8 * (9 * 2048 + 6 * 768) * 2 + 4 * 2048)
+    assert m.expert_activation_bytes_per_token == per_token
+    for tokens, kv in ((1, 8192), (2048, 2048)):
+        assert cm.step_bytes(tokens, kv) - cm.weight_bytes_read(tokens) - kv * m.kv_bytes_per_token \
+            == pytest.approx(tokens * per_token, rel=1e-12)
+    assert get_model("llama-3-8b").expert_activation_bytes_per_token == 0
+    moe = MoeConfig(num_experts=16, num_experts_per_tok=2, expert_intermediate_size=24)
+    cfg = tiny_config(architecture="Qwen3MoeForCausalLM", qk_norm=True, num_layers=3, moe=moe)
+    spec = cfg.cost_spec()
+    d = cfg.hidden_size
+    assert spec.expert_activation_bytes_per_token == 3 * (2 * (9 * d + 6 * 24) * 4 + 4 * d)

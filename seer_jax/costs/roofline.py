@@ -1,6 +1,7 @@
 """The roofline step-time model of one mesh slice (`RooflineCostModel`): a step reads the
 weights it touches (for a mixture of experts: the shared weights and the distinct experts the
-batch hits) plus the KV it attends over from HBM and does 2·active_params FLOPs per token
+batch hits) plus the KV it attends over from HBM (and the activations the expert dispatch
+moves) and does 2·active_params FLOPs per token
 plus the attention FLOPs; its time is the larger of bytes / HBM bandwidth and FLOPs / peak, plus
 fixed overheads. Also its KV capacity and pool transfer time."""
 
@@ -105,8 +106,10 @@ class RooflineCostModel:
         return dense + m.attn_flops_per_pair * pairs
 
     def step_bytes(self, num_tokens: float, kv_tokens_read: float) -> float:
+        """Weights read, KV read and the expert dispatch's activations (`ModelSpec`)."""
         kv = kv_tokens_read * self.model.kv_bytes_per_token * self.kv_replicas
-        return self.weight_bytes_read(num_tokens) + kv
+        acts = max(num_tokens, 0.0) * self.model.expert_activation_bytes_per_token
+        return self.weight_bytes_read(num_tokens) + kv + acts
 
     # -- the interface ---------------------------------------------------------------------------
 

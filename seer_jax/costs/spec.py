@@ -9,6 +9,18 @@ E·(1 − (1 − k/E)^B) distinct experts per layer, and a step reads each touch
 once; the shared weights (attention, embeddings, dense MLPs, shared experts, routers) are read
 every step.
 
+The dispatch to the experts also moves activations, per (token, expert) pair, as
+`moe.routed_experts` (and, on GPUs, `grouped_matmul.blocked_experts`) run a batch too large for
+the decode formulations; counted in rows of the model's dtype, d (hidden) and f (expert hidden)
+wide: the token's row gathered into expert order (read d, write d); the gate and up projections
+(read the gathered row twice, 2d; write 2f); silu(gate) * up (read 2f, write f); the down
+projection (read f, write d); the outputs back in token order (a zeroed [N k, d] written, the
+outputs read and scattered into it: 3d); the weighted sum over the k slots (read d). So
+`EXPERT_ROW_PASSES` = 9 d-wide and `EXPERT_HIDDEN_PASSES` = 6 f-wide rows per pair, and the sum's
+float32 [N, d] output per token (`ModelSpec.expert_activation_bytes_per_token`). The decode
+formulations (`moe.dense_experts`, `moe.sparse_experts`) move less per token; at decode sizes
+either is small next to the weights and the KV.
+
 Multi-head latent attention in the absorbed form: the cache holds, per token and layer, the
 compressed latent (`kv_lora_rank`) and the shared RoPE key (`qk_rope_head_dim`); each query head
 scores over kv_lora_rank + qk_rope_head_dim dims and sums values over kv_lora_rank dims. The
@@ -22,6 +34,10 @@ import dataclasses
 from collections.abc import Mapping
 
 from seer_jax.errors import ConfigError
+
+# rows of activations the expert dispatch reads or writes per (token, expert) pair (module doc)
+EXPERT_ROW_PASSES = 9  # hidden-wide (d)
+EXPERT_HIDDEN_PASSES = 6  # expert-hidden-wide (f)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,7 +56,9 @@ class ModelSpec:
     token activates the fraction (active − shared) / (total − shared)): `num_experts` routed
     experts per MoE layer, `experts_per_tok` chosen per token, `num_moe_layers` layers with
     them, `params_per_expert` the parameters of one expert of one layer. `lookup_params`: the
-    input embedding table, read by row lookup (no FLOPs).
+    input embedding table, read by row lookup (no FLOPs). `hidden_size` and
+    `expert_intermediate_size` (0 where unknown: no activation term) size the expert dispatch's
+    activation rows.
     """
 
     name: str
@@ -59,6 +77,8 @@ class ModelSpec:
     params_per_expert: float = 0.0
     attn_value_dim: int = 0
     lookup_params: float = 0.0
+    hidden_size: int = 0
+    expert_intermediate_size: int = 0
 
     def __post_init__(self) -> None:
         if self.num_experts and not (0 < self.experts_per_tok <= self.num_experts):
@@ -72,6 +92,17 @@ class ModelSpec:
     @property
     def has_expert_layout(self) -> bool:
         return self.num_experts > 0 and self.num_moe_layers > 0 and self.params_per_expert > 0
+
+    @property
+    def expert_activation_bytes_per_token(self) -> float:
+        """Activation bytes the expert dispatch moves per token over all MoE layers (module
+        doc): k pairs of EXPERT_ROW_PASSES d-wide and EXPERT_HIDDEN_PASSES f-wide rows in the
+        model's dtype, and the float32 d-wide sum."""
+        d, f = self.hidden_size, self.expert_intermediate_size
+        if not (self.has_expert_layout and d and f):
+            return 0.0
+        pair = (EXPERT_ROW_PASSES * d + EXPERT_HIDDEN_PASSES * f) * self.bytes_per_param
+        return self.num_moe_layers * (self.experts_per_tok * pair + 4.0 * d)
 
     @property
     def kv_bytes_per_token(self) -> float:
@@ -122,7 +153,8 @@ def _assemble(name: str, *, num_layers: int, hidden: int, vocab: int, tie_embedd
                      num_experts=num_experts, experts_per_tok=experts_per_tok,
                      num_moe_layers=moe_layers if num_experts else 0,
                      params_per_expert=float(expert), attn_value_dim=value_dim,
-                     lookup_params=float(embed))
+                     lookup_params=float(embed), hidden_size=hidden,
+                     expert_intermediate_size=moe_intermediate if num_experts else 0)
 
 
 def gqa_moe_spec(name: str, *, num_layers: int, hidden: int, num_q_heads: int, num_kv_heads: int,

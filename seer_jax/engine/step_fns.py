@@ -113,7 +113,7 @@ def _sample_step(params, kv_all, batch, *, cfg, layout, plan, num_top, unroll=1,
     logits, kv_all, *routing = forward(
         params, cfg, batch["tokens"], batch["positions"], kv_all, batch, attention,
         logits_index=batch["logits_index"], unroll=unroll, expert_mesh=plan.expert_mesh,
-        return_routing=routed)
+        return_routing=routed, token_mask=batch["slots"] >= 0)
     keys = request_keys(batch["seeds"], batch["gen_index"])
     toks, lps = sample_tokens(logits, keys, batch["temperature"], batch["top_p"], batch["top_k"])
     out = [toks, lps]
@@ -134,7 +134,7 @@ def _verify_step(params, kv_all, batch, *, cfg, layout, plan, unroll=1, routed=F
     logits, kv_all, *routing = forward(
         params, cfg, batch["tokens"], batch["positions"], kv_all, batch, attention,
         logits_index=batch["logits_index"], unroll=unroll, expert_mesh=plan.expert_mesh,
-        return_routing=routed)
+        return_routing=routed, token_mask=batch["slots"] >= 0)
     nd, q = layout.n_dec, layout.q_dec
     keys = request_keys(batch["seeds"], batch["gen_index"])
     temp, top_p, top_k = batch["temperature"], batch["top_p"], batch["top_k"]

@@ -160,9 +160,16 @@ class ModelConfig:
             head_dim = kv_elems = self.mla.cache_width
         else:
             head_dim, kv_elems = self.head_dim, 2 * self.num_kv_heads * self.head_dim
+        experts = {}
+        if self.moe is not None:
+            experts = dict(num_experts=m.num_experts, experts_per_tok=m.num_experts_per_tok,
+                           num_moe_layers=self.num_moe_layers,
+                           params_per_expert=3.0 * self.hidden_size * m.expert_intermediate_size,
+                           hidden_size=self.hidden_size,
+                           expert_intermediate_size=m.expert_intermediate_size)
         return ModelSpec(name, n, float(self.num_params(active=True)), n - routed,
                          self.num_layers, self.num_heads, head_dim, kv_elems,
-                         itemsize, itemsize)
+                         itemsize, itemsize, **experts)
 
     def kv_bytes_per_token(self) -> int:
         """Cached bytes per token over all layers: K and V, or MLA's latent rows."""

@@ -25,6 +25,9 @@ of the masked GEMM's [rows, experts x d]. The flops are the routed ones plus the
 
 from __future__ import annotations
 
+import contextlib
+import math
+
 import jax
 import jax.numpy as jnp
 
@@ -34,6 +37,42 @@ import jax.numpy as jnp
 # iteration keep a few GEMMs of 2,048 rows in flight with one group's weights (8 x 3 x d x f)
 BLOCK_ROWS = 256
 GROUP_BLOCKS = 8
+
+
+# set by `static_iterations`: blocked_experts runs this many loop iterations, unrolled
+_STATIC_ITERATIONS: list[int] = []
+
+
+@contextlib.contextmanager
+def static_iterations(iterations: int):
+    """Inside the block, `blocked_experts` traces its loop as `iterations` unrolled iterations
+    instead of a loop over the blocks the batch fills: an analysis variant for cost analyses,
+    which count a loop body once and cannot know a data-dependent trip count (pass
+    `expected_iterations`). Its outputs are those of the first `iterations` groups of blocks
+    only: never for running a model."""
+    _STATIC_ITERATIONS.append(int(iterations))
+    try:
+        yield
+    finally:
+        _STATIC_ITERATIONS.pop()
+
+
+def expected_iterations(num_tokens: int, k: int, num_experts: int, num_local: int,
+                        block: int = BLOCK_ROWS, group: int = GROUP_BLOCKS) -> int:
+    """The loop iterations `blocked_experts` runs on one device for `num_tokens` tokens choosing
+    k of `num_experts` experts uniformly: its `num_local` experts' groups are
+    Binomial(num_tokens, k / num_experts) pairs each, each padded to whole blocks, `group`
+    blocks an iteration (the expected blocks, rounded up)."""
+    n, p = num_tokens, k / num_experts
+    if p >= 1:
+        blocks = -(-n // block)
+    else:
+        # E[ceil(X / block)] for X ~ Binomial(n, p), summed in log space
+        log_q, log_p = math.log1p(-p), math.log(p)
+        blocks = sum(math.exp(math.lgamma(n + 1) - math.lgamma(x + 1) - math.lgamma(n - x + 1)
+                              + x * log_p + (n - x) * log_q) * -(-x // block)
+                     for x in range(n + 1))
+    return -(-math.ceil(num_local * blocks - 1e-9) // group)
 
 
 def sort_by_expert(ids_nk: jax.Array, num_experts: int) -> tuple[jax.Array, jax.Array]:
@@ -127,7 +166,12 @@ def blocked_experts(x_nd: jax.Array, weights_nk: jax.Array, ids_nk: jax.Array,
     # the loop's buffer is filled from the tokens (its rows past the used blocks are never
     # read): a constant would let XLA:GPU schedule every layer's buffer at the start of the
     # step, all of them live at once (a layer's 8,192-token chunk: 0.33 GiB each on H100)
-    y = jax.lax.fori_loop(0, iters, body, jnp.broadcast_to(x_nd[0, 0], (R, d)))
+    y = jnp.broadcast_to(x_nd[0, 0], (R, d))
+    if _STATIC_ITERATIONS:  # the analysis variant: a static trip count, unrolled
+        for i in range(min(_STATIC_ITERATIONS[-1], nb // group)):
+            y = body(i, y)
+    else:
+        y = jax.lax.fori_loop(0, iters, body, y)
     # the pairs of other devices' experts take zeros
     local = (row_of_pair < R)[:, None]
     y_nkd = jnp.where(local, y[jnp.minimum(row_of_pair, R - 1)], 0).reshape(N, k, d)

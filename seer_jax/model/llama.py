@@ -298,6 +298,7 @@ def forward(
     unroll: int | bool = 1,
     return_routing: bool = False,
     expert_mesh: Any = None,
+    token_mask: jax.Array | None = None,
 ) -> tuple[jax.Array, Any] | tuple[jax.Array, Any, jax.Array]:
     """One forward pass over N flat tokens.
 
@@ -307,6 +308,8 @@ def forward(
     `return_routing` the expert ids every MoE layer chose for every token
     ([num_moe_layers, N, num_experts_per_tok] int32). `expert_mesh`: a mesh whose "tp" axis
     splits the experts (expert parallelism under `shard_map`, `seer_jax.model.moe`).
+    `token_mask` [N] bool: False marks padding tokens, which reach no routed expert (their rows
+    are the step's padding; nothing else reads them).
     """
     dtype = jnp_dtype(cfg)
     N = tokens_n.shape[0]
@@ -326,11 +329,11 @@ def forward(
         o_latent, cache = attention(cache, attn_meta, i, q_latent, q_rope, c_kv, k_rope)
         return mla.unabsorb_output(o_latent.astype(dtype), lp, cfg) @ lp["wo"], cache
 
-    def block(x, cache, lp, i, cos, sin, attn_meta, kind):
+    def block(x, cache, lp, i, cos, sin, attn_meta, token_mask, kind):
         h = rms_norm(x, lp["attn_norm"], cfg.rms_norm_eps)
         if cfg.mla is not None:
             attn, cache = latent_attention(h, cache, lp, i, cos, sin, attn_meta)
-            return mlp(x + attn, cache, lp, kind)
+            return mlp(x + attn, cache, lp, token_mask, kind)
         q = h @ lp["wq"]
         k = h @ lp["wk"]
         v = h @ lp["wv"]
@@ -342,12 +345,13 @@ def forward(
             k = rms_norm(k, lp["k_norm"], cfg.rms_norm_eps)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         attn, cache = attention(cache, attn_meta, i, q, k, v)
-        return mlp(x + attn.reshape(N, H * D).astype(dtype) @ lp["wo"], cache, lp, kind)
+        return mlp(x + attn.reshape(N, H * D).astype(dtype) @ lp["wo"], cache, lp, token_mask,
+                   kind)
 
-    def mlp(x, cache, lp, kind):
+    def mlp(x, cache, lp, token_mask, kind):
         h = rms_norm(x, lp["mlp_norm"], cfg.rms_norm_eps)
         if kind == "moe":
-            out, ids = moe_mlp(h, lp, cfg.moe, expert_mesh)
+            out, ids = moe_mlp(h, lp, cfg.moe, expert_mesh, token_mask)
             return x + out, cache, ids
         x = x + (jax.nn.silu(h @ lp["w_gate"]) * (h @ lp["w_up"])) @ lp["w_down"]
         return x, cache, None
@@ -363,14 +367,16 @@ def forward(
         # lowering
         step = jax.jit(block, static_argnames="kind")
         for i, lp in enumerate(params["layers"]):
-            x, cache, ids = step(x, cache, lp, jnp.int32(i), cos, sin, attn_meta, kind=kinds[i])
+            x, cache, ids = step(x, cache, lp, jnp.int32(i), cos, sin, attn_meta, token_mask,
+                                 kind=kinds[i])
             if ids is not None:
                 routing.append(ids[None])
     else:
         index = kind_index(kinds)
         for kind, start, end in layer_runs(kinds):
             def layer(carry, inputs, kind=kind):
-                x, cache, ids = block(*carry, *inputs, cos, sin, attn_meta, kind=kind)
+                x, cache, ids = block(*carry, *inputs, cos, sin, attn_meta, token_mask,
+                                      kind=kind)
                 return (x, cache), ids
 
             n = end - start

@@ -27,6 +27,9 @@ at most half the experts (`use_sparse_experts`: batch 8 or less at top-8 of 128,
 a rollout) runs `sparse_experts` instead: only the distinct experts it chose, each over the N
 tokens with its weights sliced out of the stack, the unused slots of a static bound skipped, so
 the step reads the weights of the experts it hits (8 of 128 at batch 1), as the cost model counts.
+A step's padding rows (`moe_mlp`'s token_mask False: the engine's bucket rows past the live
+tokens) choose no expert (id `num_experts`), so a batch of 1 in a bucket of 8 rows still reads
+only its own token's experts, and no grouped matmul or all-to-all carries a padding row.
 Larger batches (prefill, verify) and the CPU
 keep the grouped ragged_dot on TPU and CPU; GPUs run `grouped_matmul.blocked_experts` (rows sorted
 into blocks each owned by one expert, batched matmuls over the blocks: XLA:GPU's masked-GEMM
@@ -125,11 +128,15 @@ def expert_mlp(x_md: jax.Array, sizes_e: jax.Array, w_gate: jax.Array, w_up: jax
 
 def routed_experts(x_nd: jax.Array, weights_nk: jax.Array, ids_nk: jax.Array,
                    lp: dict[str, Any]) -> jax.Array:
-    """Sum over each token's chosen experts of weight * expert(x), dropless -> [N, d]."""
+    """Sum over each token's chosen experts of weight * expert(x), dropless -> [N, d] (id
+    `num_experts`: no expert, a zero row)."""
     N, k = ids_nk.shape
-    order, sizes = sort_by_expert(ids_nk, lp["we_gate"].shape[0])
-    y = expert_mlp(x_nd[order // k], sizes, lp["we_gate"], lp["we_up"], lp["we_down"])
-    y_nkd = jnp.zeros_like(y).at[order].set(y).reshape(N, k, -1)
+    E = lp["we_gate"].shape[0]
+    order, sizes = sort_by_expert(ids_nk, E + 1)  # the pairs of no expert sorted last
+    y = expert_mlp(x_nd[order // k], sizes[:E], lp["we_gate"], lp["we_up"], lp["we_down"])
+    # the rows past the groups (pairs of no expert) are dropped: those pairs keep zeros
+    back = jnp.where(jnp.arange(N * k) < jnp.sum(sizes[:E]), order, N * k)
+    y_nkd = jnp.zeros_like(y).at[back].set(y, mode="drop").reshape(N, k, -1)
     out = jnp.sum(y_nkd.astype(jnp.float32) * weights_nk[:, :, None], axis=1)
     return out.astype(x_nd.dtype)
 
@@ -284,8 +291,8 @@ def routed_experts_ep(x_nd: jax.Array, weights_nk: jax.Array, ids_nk: jax.Array,
                                               num_experts), EP_AXIS)
         if blocked:
             return jax.lax.psum(blocked_experts(x, w, ids, w_gate, w_up, w_down, first), EP_AXIS)
-        order, sizes = sort_by_expert(ids, num_experts)
-        start = jnp.sum(jnp.where(jnp.arange(num_experts) < first, sizes, 0))
+        order, sizes = sort_by_expert(ids, num_experts + 1)  # no expert: last
+        start = jnp.sum(jnp.where(jnp.arange(num_experts + 1) < first, sizes, 0))
         local_sizes = jax.lax.dynamic_slice_in_dim(sizes, first, local)
         count = jnp.sum(local_sizes)
         # this device's rows (its experts' block of the sorted pairs) first, the rest after
@@ -304,21 +311,25 @@ def routed_experts_ep(x_nd: jax.Array, weights_nk: jax.Array, ids_nk: jax.Array,
     return out.astype(x_nd.dtype)
 
 
-def moe_mlp(h_nd: jax.Array, lp: dict[str, Any], moe: MoeConfig,
-            mesh: Mesh | None = None) -> tuple[jax.Array, jax.Array]:
+def moe_mlp(h_nd: jax.Array, lp: dict[str, Any], moe: MoeConfig, mesh: Mesh | None = None,
+            token_mask: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
     """One MoE MLP over N tokens: (output [N, d], chosen expert ids [N, k] int32). With a `mesh`
-    whose "tp" axis divides the experts, the experts run expert-parallel over it."""
+    whose "tp" axis divides the experts, the experts run expert-parallel over it.
+    `token_mask` [N] bool: False marks a padding row of the step, which reaches no expert (its
+    routed output is zero; no expert's weights are read for it, and no row of a grouped matmul
+    or of the all-to-all carries it); the ids returned are still the router's."""
     weights, ids = route(h_nd, lp, moe)
+    run_ids = ids if token_mask is None else jnp.where(token_mask[:, None], ids, moe.num_experts)
     if expert_parallel(mesh, moe.num_experts) > 1:
-        out = routed_experts_ep(h_nd, weights, ids, lp, mesh, moe)
+        out = routed_experts_ep(h_nd, weights, run_ids, lp, mesh, moe)
     elif use_dense_experts(h_nd.shape[0], mesh):
-        out = local_experts(h_nd, weights, ids, lp["we_gate"], lp["we_up"],
+        out = local_experts(h_nd, weights, run_ids, lp["we_gate"], lp["we_up"],
                             lp["we_down"]).astype(h_nd.dtype)
     elif use_blocked_experts(h_nd.shape[0], mesh):
-        out = blocked_experts(h_nd, weights, ids, lp["we_gate"], lp["we_up"],
+        out = blocked_experts(h_nd, weights, run_ids, lp["we_gate"], lp["we_up"],
                               lp["we_down"]).astype(h_nd.dtype)
     else:
-        out = routed_experts(h_nd, weights, ids, lp)
+        out = routed_experts(h_nd, weights, run_ids, lp)
     if moe.shared_intermediate_size:
         shared = (jax.nn.silu(h_nd @ lp["ws_gate"]) * (h_nd @ lp["ws_up"])) @ lp["ws_down"]
         if moe.shared_gate:

@@ -99,7 +99,8 @@ def all_to_all_experts(x_nd: jax.Array, weights_nk: jax.Array, ids_nk: jax.Array
     # (rows past what returns: the padding tokens' pairs, never used)
     y_sorted = exchange(y, jnp.broadcast_to(y[0, 0], (m, d)), recv_off, recv, back_off, send,
                         axis_name=axis)
-    y_pairs = y_sorted[inverse_permutation(order)]
+    # the pairs of no expert (id num_experts: padding) take zeros
+    y_pairs = jnp.where((flat < num_experts)[:, None], y_sorted[inverse_permutation(order)], 0)
     out = jnp.sum(y_pairs.reshape(n, k, d).astype(jnp.float32) * w[:, :, None], axis=1)
     out = jax.lax.all_gather(out.astype(x_nd.dtype), axis, tiled=True)
     return out[:N]

@@ -82,3 +82,27 @@ def test_moe_mlp_on_the_blocked_path_equals_the_ragged_dot(monkeypatch, tp):
     assert calls
     np.testing.assert_allclose(np.asarray(out), np.asarray(ref), atol=1e-5, rtol=0)
     assert np.array_equal(np.asarray(ids), np.asarray(ref_ids))
+
+
+def test_expected_iterations_and_the_static_analysis_variant():
+    """The loop iterations uniform routing fills match a Monte Carlo of the block layout, and
+    the analysis variant unrolled to enough iterations gives the loop's outputs."""
+    from seer_jax.model.grouped_matmul import expected_iterations, static_iterations
+
+    rs = np.random.RandomState(1)
+    N, k, E, block, group = 300, 2, 16, 8, 2
+    used = []
+    for _ in range(200):
+        ids = np.stack([rs.choice(E, k, replace=False) for _ in range(N)]).reshape(-1)
+        used.append(sum(-(-s // block) for s in np.bincount(ids, minlength=E)))
+    mc = -(-np.mean(used) // 1)
+    assert expected_iterations(N, k, E, E, block, group) == -(-int(mc) // group)
+    assert expected_iterations(2048, 8, 128, 128) == 16  # a 2,048-token chunk at top-8 of 128
+    x, w, ids, lp = _problem()
+    weights = lp["we_gate"], lp["we_up"], lp["we_down"]
+    ref = np.asarray(blocked_experts(x, w, ids, *weights, 0, 4, 2))
+    need = -(-int(block_layout(ids.reshape(-1), 0, 8, num_blocks(ids.size, 8, 4, 2) * 4, 4)[3])
+             // 2)
+    with static_iterations(need):
+        out = np.asarray(jax.jit(lambda *a: blocked_experts(x, w, ids, *a, 0, 4, 2))(*weights))
+    np.testing.assert_allclose(out, ref, atol=1e-5, rtol=1e-6)

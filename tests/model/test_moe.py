@@ -245,6 +245,93 @@ def test_small_batches_run_only_the_chosen_experts(monkeypatch, tp):
     assert np.array_equal(np.asarray(ids), np.asarray(ref_ids))
 
 
+@pytest.mark.parametrize("formulation, tp", [
+    ("ragged", 1), ("sparse", 1), ("blocked", 1), ("dense", 1), ("sparse", 2), ("all_to_all", 2),
+    pytest.param("ragged", 2, marks=pytest.mark.exhaustive),
+    pytest.param("blocked", 2, marks=pytest.mark.exhaustive)])
+def test_padding_rows_reach_no_expert(monkeypatch, formulation, tp):
+    """A step's padding rows (token_mask False) choose no expert: the real rows' outputs equal
+    those of the real rows alone, the padding rows' are zero, and where a formulation runs only
+    the experts its rows chose (`sparse_experts`, the blocked grouped matmul, also behind the
+    all-to-all) the experts only padding rows would choose are never run: their weights are NaN
+    here (XLA:CPU's ragged_dot and `dense_experts` read every expert)."""
+    from seer_jax.model import grouped_matmul
+    from seer_jax.model import moe as moe_module
+
+    moe = MoeConfig(num_experts=16, num_experts_per_tok=2, expert_intermediate_size=16,
+                    norm_topk_prob=True)
+    cfg = tiny_config(architecture="Qwen3MoeForCausalLM", qk_norm=True, num_layers=1, moe=moe)
+    lp = split_layers(init_params(cfg, seed=6), cfg)["layers"][0]
+    lp = {k: np.asarray(v) for k, v in lp.items() if k in MOE_AXES}
+    x = np.random.RandomState(4).randn(8, cfg.hidden_size).astype(np.float32)
+    mask = np.array([True, False, True] + [False] * 5)
+    ref, _ = moe_mlp(x[mask], lp, moe)
+    _, ids = route(x, lp, moe)
+    used = set(np.asarray(ids)[mask].ravel().tolist())
+    assert set(np.asarray(ids)[~mask].ravel().tolist()) - used  # padding would hit others
+    if formulation in ("sparse", "blocked", "all_to_all"):
+        unused = np.array([e not in used for e in range(moe.num_experts)])
+        lp = {k: np.where(unused[:, None, None], np.nan, v).astype(v.dtype)
+              if k.startswith("we_") else v for k, v in lp.items()}
+    mesh = make_mesh(jax.devices()[:tp]) if tp > 1 else None
+    if mesh is not None:
+        sharded = shard_params({"layers": {k: v[None] for k, v in lp.items()}}, mesh)["layers"]
+        lp = {k: v[0] for k, v in sharded.items()}
+    if formulation in ("sparse", "dense"):
+        monkeypatch.setattr(moe_module, "use_dense_experts", lambda n, m: True)
+        monkeypatch.setattr(moe_module, "use_sparse_experts",
+                            lambda *a: formulation == "sparse")
+    if formulation in ("blocked", "all_to_all"):
+        real = grouped_matmul.blocked_experts
+        monkeypatch.setattr(moe_module, "use_blocked_experts", lambda n, m: True)
+        monkeypatch.setattr(moe_module, "blocked_experts",
+                            lambda *a, **k: real(*a, block=4, group=2))
+    if formulation == "all_to_all":
+        monkeypatch.setattr(moe_module, "expert_dispatch", lambda *a: "all_to_all")
+    out, got_ids = jax.jit(lambda x, lp, m: moe_mlp(x, lp, moe, mesh, m))(x, lp, mask)
+    out = np.asarray(out)
+    np.testing.assert_allclose(out[mask], np.asarray(ref), atol=1e-5, rtol=0)
+    assert not out[~mask].any()
+    assert np.array_equal(np.asarray(got_ids), np.asarray(ids))  # the router's choices
+
+
+def test_engine_padding_rows_reach_no_expert(monkeypatch):
+    """In the engine a decode batch of 1 runs in a bucket of 8 rows: the experts see one live row
+    (the padding rows' ids are the no-expert id; here on the decode formulations TPU and GPU
+    run), and the greedy tokens are those of a full forward (`generate`)."""
+    from seer_jax.model import moe as moe_module
+    from seer_jax.model.generate import generate
+
+    moe = MoeConfig(num_experts=32, num_experts_per_tok=2, expert_intermediate_size=16,
+                    norm_topk_prob=True)
+    cfg = tiny_config(architecture="Qwen3MoeForCausalLM", qk_norm=True, num_layers=2, moe=moe)
+    params = init_params(cfg, seed=7)
+    prompt = [3, 1, 4, 1, 5]
+    want = generate(params, cfg, [prompt], 6, eos_ids=())[0].token_ids
+    seen = []
+    real = moe_module.local_experts
+
+    def spy(x, w, ids, *a, **k):
+        jax.debug.callback(lambda ids: seen.append(
+            (ids.shape[0], int(np.sum(np.any(ids < moe.num_experts, axis=1))))), ids)
+        return real(x, w, ids, *a, **k)
+
+    monkeypatch.setattr(moe_module, "use_dense_experts", lambda n, m: True)
+    monkeypatch.setattr(moe_module, "local_experts", spy)
+    jax.clear_caches()  # traced anew with the patches (and not kept for other tests)
+    config = EngineConfig(num_pages=32, page_size=4, max_num_batched_tokens=16, max_num_seqs=8,
+                          max_prefill_seqs=1)
+    engine = Engine(cfg, params, config, eos_ids=())
+    engine.add_request("0", prompt, 6, SamplingParams(temperature=0.0))
+    got = []
+    while engine.has_unfinished():
+        got += [list(r.token_ids) for r in engine.step()]
+    jax.clear_caches()
+    assert got == [list(want)]
+    # the prompt's 5 tokens in a prefill bucket of 16 rows, then decodes of 1 live row of 8
+    assert sorted(set(seen)) == [(8, 1), (16, 5)]
+
+
 def test_mixed_layers_split_stack_and_orbax(checkpoints, tmp_path):
     _, path, _ = checkpoints("qwen2_moe")
     cfg, params = load_safetensors_dir(path)
