@@ -400,7 +400,7 @@ class Engine:
                 tops = [list(zip(top[0][row, :k].tolist(), top[1][row, :k].tolist(), strict=True))]
             if seq.sampling.return_routed_experts:
                 seq.routed_experts.append(self.runner.routed_experts[row].tolist())
-            emissions.append((seq, [toks[row]], [lps[row]], tops, pos))
+            emissions.append((seq, [toks[row]], [lps[row]], tops, pos, spec_steps.UNCHECKED))
         return emissions
 
     def _accept(self, plan: StepPlan, out) -> list[tuple]:
@@ -413,14 +413,14 @@ class Engine:
                     rows = [i * q] + [i * q + 1 + n for n in acc_nodes[i, :int(n_acc[i])].tolist()]
                     seq.routed_experts.extend(self.runner.routed_experts[rows].tolist())
         emissions = spec_steps.accept(plan.decode, plan.drafts, dec_out, self.kv, self.runner,
-                                      self.spec)
+                                      self.spec, self.eos_ids)
         split = plan.batch.layout.n_dec * plan.batch.layout.q_dec
         for seq, n in plan.prefill:
             seq.num_computed += n
         for seq, row in plan.batch.rows:
             if row >= split:
                 emissions.append((seq, [int(pre[0][row - split])], [float(pre[1][row - split])], [],
-                                  -1))
+                                  -1, spec_steps.UNCHECKED))
                 if seq.sampling.return_routed_experts:
                     seq.routed_experts.append(self.runner.routed_experts[row].tolist())
         return emissions
@@ -451,26 +451,29 @@ class Engine:
         token), finish requests (EOS,
         stop ids, budget), give back the pages of rejected draft nodes, take requests that
         ended out of a later step already in flight; the draft service gets the tokens.
-        emissions: (request, tokens, logprobs, top-logprob rows, reserved position)."""
+        emissions: (request, tokens, logprobs, top-logprob rows, reserved position, end
+        reason: None, "eos", "stop", "length" when the tokens were cut there already, else
+        `spec_steps.UNCHECKED`)."""
         finished, appended, ended = [], [], []
         eos, trim, S = self.eos_ids, plan.drafts is not None, self.config.page_size
-        for seq, toks_e, lps_e, tops_e, pos in emissions:
+        for seq, toks_e, lps_e, tops_e, pos, reason in emissions:
             if seq.metrics.first_token_time is None:
                 seq.metrics.first_token_time = now
-            # the first token that ends the request: EOS, a stop id, or its budget's last
-            reason, stop = None, seq.sampling.stop_token_ids
-            room = seq.max_tokens - seq.num_committed_new
-            for j, tok in enumerate(toks_e):
-                if tok in eos:
-                    reason = "eos"
-                elif tok in stop:
-                    reason = "stop"
-                elif j + 1 >= room:
-                    reason = "length"
-                else:
-                    continue
-                toks_e, lps_e, tops_e = toks_e[:j + 1], lps_e[:j + 1], tops_e[:j + 1]
-                break
+            if reason is spec_steps.UNCHECKED:
+                # the first token that ends the request: EOS, a stop id, or its budget's last
+                reason, stop = None, seq.sampling.stop_token_ids
+                room = seq.max_tokens - seq.num_committed_new
+                for j, tok in enumerate(toks_e):
+                    if tok in eos:
+                        reason = "eos"
+                    elif tok in stop:
+                        reason = "stop"
+                    elif j + 1 >= room:
+                        reason = "length"
+                    else:
+                        continue
+                    toks_e, lps_e, tops_e = toks_e[:j + 1], lps_e[:j + 1], tops_e[:j + 1]
+                    break
             if pos >= 0:
                 seq.commit_token(pos, toks_e[0], step)
             else:

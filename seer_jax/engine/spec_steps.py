@@ -47,11 +47,18 @@ def propose(spec: Speculator, kv: KVCacheManager, decode: list[Request], max_mod
     return out if any(len(d) for d in out) else None
 
 
+# an emission whose end (EOS, stop id, budget) the commit still has to find (`Engine._emit`)
+UNCHECKED = "unchecked"
+_REASONS = (None, "eos", "stop", "length")
+
+
 def accept(decode: list[Request], drafts, outputs, kv: KVCacheManager, runner,
-           spec: Speculator) -> list[tuple]:
+           spec: Speculator, eos_ids: tuple[int, ...] = ()) -> list[tuple]:
     """Commit a verified decode region: each request's accepted path moves into consecutive
     cache slots, `num_computed` advances by 1 + accepted, the budget learns the acceptance.
-    Returns the emissions (request, tokens, logprobs, [], -1) in batch order."""
+    Returns the emissions (request, tokens, logprobs, [], -1, end reason) in batch order: each
+    request's accepted tokens up to the first that ends it (EOS, a stop id, its budget's last),
+    found for the whole batch at once."""
     d_toks, d_lps, n_acc, acc_nodes = outputs
     n = len(decode)
     acc = n_acc[:n].astype(np.int64)
@@ -68,15 +75,39 @@ def accept(decode: list[Request], drafts, outputs, kv: KVCacheManager, runner,
             dst = root[i] + j
             runner.move_slots(table[rows[i], src // S] * S + src % S,
                               table[rows[i], dst // S] * S + dst % S)
-    accepted = acc.tolist()
-    toks, lps = d_toks[:n].tolist(), d_lps[:n].tolist()
+    toks, lps = d_toks[:n], d_lps[:n]
+    # the first token that ends each request: EOS, a stop id, or its budget's last (in that
+    # order at the same token)
+    k = np.arange(toks.shape[1])
+    take = acc + 1
+    room = np.fromiter((s.max_tokens - len(s.output) + s.base_len for s in decode), np.int64, n)
+    cut = np.minimum(take, np.maximum(room, 1))
+    code = np.where(room <= take, 3, 0)
+    hit = np.zeros(toks.shape, bool)
+    if eos_ids:
+        hit = np.isin(toks, eos_ids) & (k < take[:, None])
+    stop = hit.copy()
+    for i, seq in enumerate(decode):  # (stop ids are per request; most have none)
+        if seq.sampling.stop_token_ids:
+            stop[i] |= np.isin(toks[i], seq.sampling.stop_token_ids) & (k < take[i])
+    if stop.any():
+        first = np.where(stop.any(1), stop.argmax(1), toks.shape[1])
+        at = first < cut  # the length's last token is cut - 1: at the same token EOS wins
+        cut = np.where(at, first + 1, cut)
+        is_eos = hit[np.arange(n), np.minimum(first, toks.shape[1] - 1)]
+        code = np.where(at, np.where(is_eos, 1, 2), code)
+    keep = k < cut[:, None]
+    flat_t, flat_l = toks[keep].tolist(), lps[keep].tolist()
+    ends = np.cumsum(cut).tolist()
     lens = [len(d) for d in drafts]
     emissions = []
-    for seq, nd, a, t, lp in zip(decode, lens, accepted, toks, lps, strict=True):
+    s = 0
+    for seq, nd, a, e, c in zip(decode, lens, acc.tolist(), ends, code.tolist(), strict=True):
         seq.num_computed += 1 + a
         m = seq.metrics
         m.spec_proposed += nd
         m.spec_accepted += a
-        emissions.append((seq, t[:a + 1], lp[:a + 1], [], -1))
-    spec.observe(drafts, accepted, sum(lens))
+        emissions.append((seq, flat_t[s:e], flat_l[s:e], [], -1, _REASONS[c]))
+        s = e
+    spec.observe(drafts, acc.tolist(), sum(lens))
     return emissions
