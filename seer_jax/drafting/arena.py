@@ -26,6 +26,7 @@ from seer_jax.drafting import arena_drafts as kd
 from seer_jax.drafting import arena_kernels as ka
 from seer_jax.drafting.context import DraftConfig, DraftMode
 from seer_jax.drafting.draft import Draft
+from seer_jax.drafting.draft_rows import DraftRows
 from seer_jax.errors import InputError
 
 
@@ -144,22 +145,26 @@ class Arena:
 
     _cd = 0  # count depth (max_match_len + 1) of the contexts using the arena
 
-    def drafts(self, config: DraftConfig, seqs: np.ndarray, max_nodes, max_depth, width,
-               min_prob) -> list[Draft]:
+    def draft_rows(self, config: DraftConfig, seqs: np.ndarray, max_nodes, max_depth, width,
+                   min_prob) -> DraftRows:
         """Drafts of the sequence pairs seqs [R, 2] (the group's, the request's own; -1: none)
         with per-row max_nodes, max_depth, width, min_prob (arrays [R])."""
         roots, states, lens = kd.suffix_states(self.st, self.sq, seqs, config.max_match_len)
-        return self.drafts_from(config, roots, states, lens, max_nodes, max_depth, width,
-                                min_prob)
+        return DraftRows.from_slots(*self._speculate(config, roots, states, lens, max_nodes,
+                                                     max_depth, width, min_prob))
 
-    def drafts_from(self, config: DraftConfig, roots, states, lens, max_nodes, max_depth, width,
-                    min_prob) -> list[Draft]:
-        cfg = config
+    def _speculate(self, cfg: DraftConfig, roots, states, lens, max_nodes, max_depth, width,
+                   min_prob):
         factor = -1.0 if cfg.max_spec_factor is None else float(cfg.max_spec_factor)
-        starts, n, ml, tok, par, prob, dep = kd.speculate(
+        return kd.speculate(
             self.st, self.ed, self.hk, self.hv, roots, states, lens, max_nodes, max_depth,
             width, min_prob, cfg.max_match_len, cfg.min_match_len, cfg.match_candidates, factor,
             float(cfg.max_spec_offset), float(cfg.prior), cfg.merge_trees)
+
+    def drafts_from(self, config: DraftConfig, roots, states, lens, max_nodes, max_depth, width,
+                    min_prob) -> list[Draft]:
+        starts, n, ml, tok, par, prob, dep = self._speculate(config, roots, states, lens,
+                                                             max_nodes, max_depth, width, min_prob)
         for a in (tok, par, prob, dep):
             a.flags.writeable = False
         out = []

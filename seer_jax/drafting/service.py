@@ -26,6 +26,7 @@ import numpy as np
 from seer_jax.drafting.arena import Arena, ArenaDraftContext
 from seer_jax.drafting.context import DraftConfig
 from seer_jax.drafting.draft import Draft
+from seer_jax.drafting.draft_rows import DraftRows
 from seer_jax.errors import InputError
 
 
@@ -246,19 +247,19 @@ class InProcessDraftService:
             if ctx is not None:
                 seqs[i] = ctx._seqs(q.request_id)
         mp = self.config.min_prob
-        return self._arena.drafts(
+        return list(self._arena.draft_rows(
             self.config, seqs, np.fromiter((q.max_nodes for q in queries), np.int64, n),
             np.fromiter((q.max_depth for q in queries), np.int64, n),
             np.fromiter((q.width for q in queries), np.int64, n),
-            np.fromiter((mp if q.min_prob is None else q.min_prob for q in queries), np.float64, n))
+            np.fromiter((mp if q.min_prob is None else q.min_prob for q in queries), np.float64, n)))
 
     def speculate_rows(self, rows: Sequence[tuple[str, str]], max_nodes: int, max_depth: int,
-                       width: int) -> list[Draft]:
+                       width: int) -> DraftRows:
         """`speculate` for [(group_id, request_id)] with one shape for all (no query objects),
-        every group's rows in one compiled call."""
+        every group's rows in one compiled call, as `DraftRows` (no object per draft)."""
         n = len(rows)
         if not n:
-            return []
+            return DraftRows.empty([])
         seqs = np.full((n, 2), -1, np.int64)
         groups = self._groups
         for i, (g, r) in enumerate(rows):
@@ -266,7 +267,7 @@ class InProcessDraftService:
             if ctx is not None:
                 seqs[i] = ctx._seqs(r)
         mp = self.config.min_prob
-        return self._arena.drafts(self.config, seqs, np.full(n, max_nodes, np.int64),
+        return self._arena.draft_rows(self.config, seqs, np.full(n, max_nodes, np.int64),
                                   np.full(n, max_depth, np.int64), np.full(n, width, np.int64),
                                   np.full(n, mp, np.float64))
 

@@ -19,6 +19,7 @@ from collections.abc import Callable
 
 from jax.sharding import Mesh
 
+from seer_jax.drafting.draft_rows import DraftRows
 from seer_jax.engine import spec_steps
 from seer_jax.engine.batch import RequestRows, StepBatch, build_batch
 from seer_jax.engine.block_manager import BlockManager
@@ -58,11 +59,12 @@ class InFlight:
 @dataclasses.dataclass
 class StepPlan:
     """What one step will run: decode sequences, (sequence, tokens) to prefill, the decode
-    sequences' drafts (None: no speculation) and the batch laid out for the runner."""
+    sequences' drafts (`DraftRows`; None: no speculation) and the batch laid out for the
+    runner."""
 
     decode: list[Request]
     prefill: list[tuple[Request, int]]
-    drafts: list | None
+    drafts: DraftRows | None
     batch: StepBatch
 
 
@@ -286,7 +288,7 @@ class Engine:
         kv_counted.update((s.request_id, s.num_computed) for s, _ in prefill)
         kv_tokens = sum(s.num_computed for s in decode) + sum(s.num_computed for s, _ in prefill)
         n_pre = sum(n for _, n in prefill)
-        n_dec = sum(1 + len(d) for d in plan.drafts) if plan.drafts else len(decode)
+        n_dec = len(decode) + (plan.drafts.num_nodes if plan.drafts is not None else 0)
         stats = StepStats(step, len(decode) + len(prefill), n_dec + n_pre, n_pre, n_dec, 0.0,
                           kv_tokens, moe_dispatch=self.runner.expert_dispatch(
                               batch.layout.num_tokens))
@@ -436,7 +438,7 @@ class Engine:
         kv_tokens = sum(s.num_computed for s in decode) + sum(s.num_computed for s, _ in prefill)
         finished = self._emit(plan, emissions, self.clock(), self.step_count)
         self._register_prefixes(prefill)
-        n_dec = sum(1 + (len(d) if drafts else 0) for d in (drafts or decode))
+        n_dec = len(decode) + (drafts.num_nodes if drafts is not None else 0)
         n_pre = sum(n for _, n in prefill)
         self.step_stats.append(StepStats(
             self.step_count, len(decode) + len(prefill), n_dec + n_pre, n_pre, n_dec,

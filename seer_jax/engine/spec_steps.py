@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from seer_jax.drafting.draft_rows import DraftRows
 from seer_jax.engine.block_manager import OutOfPages
 
 if TYPE_CHECKING:
@@ -22,29 +23,29 @@ if TYPE_CHECKING:
 
 
 def propose(spec: Speculator, kv: KVCacheManager, decode: list[Request], max_model_len: int):
-    """Drafts for the decode batch (None: no speculation this step). Each draft fits the
-    request's remaining token budget and context, and its verify pages are allocated."""
-    limits = [min(s.max_tokens - s.num_new, max_model_len - s.num_tokens) - 1 for s in decode]
-    drafts = spec.propose(decode, limits)
+    """Drafts for the decode batch (`DraftRows`; None: no speculation this step). Each draft
+    fits the request's remaining token budget and context, and its verify pages are
+    allocated."""
+    n = len(decode)
+    num_tokens = np.fromiter((s.num_tokens for s in decode), np.int64, n)
+    new = np.fromiter((s.num_tokens - len(s.prompt) - s.base_len for s in decode), np.int64, n)
+    budget = np.fromiter((s.max_tokens for s in decode), np.int64, n)
+    drafts = spec.propose(decode, np.minimum(budget - new, max_model_len - num_tokens) - 1)
     if drafts is None:
         return None
-    out = []
+    drafts = DraftRows.from_drafts(drafts)
+    lens = drafts.lens
+    keep = np.minimum(lens, np.maximum(max_model_len - num_tokens, 0))
     S = kv.page_size
-    for seq, d in zip(decode, drafts, strict=True):
-        n = len(d)
-        if n:
-            room = max_model_len - seq.num_tokens
-            if n > room:
-                d = d.truncate(max(room, 0))
-                n = len(d)
-            if len(seq.pages) * S < seq.num_computed + 1 + n:
-                try:
-                    kv.grow(seq, seq.num_computed + 1 + n)
-                except OutOfPages:
-                    d = d.truncate(0)
-                    n = 0
-        out.append(d)
-    return out if any(len(d) for d in out) else None
+    computed = np.fromiter((s.num_computed for s in decode), np.int64, n)
+    held = np.fromiter((len(s.pages) for s in decode), np.int64, n) * S
+    for i in np.flatnonzero((keep > 0) & (held < computed + 1 + keep)).tolist():
+        try:  # (only the requests whose verified nodes need another page)
+            kv.grow(decode[i], int(computed[i] + 1 + keep[i]))
+        except OutOfPages:
+            keep[i] = 0
+    drafts = drafts.truncate(keep)
+    return drafts if drafts.num_nodes else None
 
 
 # an emission whose end (EOS, stop id, budget) the commit still has to find (`Engine._emit`)
@@ -99,7 +100,7 @@ def accept(decode: list[Request], drafts, outputs, kv: KVCacheManager, runner,
     keep = k < cut[:, None]
     flat_t, flat_l = toks[keep].tolist(), lps[keep].tolist()
     ends = np.cumsum(cut).tolist()
-    lens = [len(d) for d in drafts]
+    lens = drafts.lens.tolist()
     emissions = []
     s = 0
     for seq, nd, a, e, c in zip(decode, lens, acc.tolist(), ends, code.tolist(), strict=True):
