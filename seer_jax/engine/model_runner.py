@@ -182,6 +182,9 @@ class ModelRunner:
                                 dtype_bytes=jnp.dtype(dtype).itemsize, max_seqs=max_seqs,
                                 pages_per_seq=pages_per_seq, max_tokens=max_tokens)
         self.compile_s = 0.0  # time spent compiling new step shapes
+        # CPU time the calling thread spent blocked on steps' outputs (`fetch`): waiting for the
+        # device, not host work, though the thread's CPU clock counts it
+        self.wait_cpu_s = 0.0
         self.timings = StepTimings()  # phases of the last sample/verify step
         self.rules = rules
         self.layer_weights = resolve_layer_weights(layer_weights, mesh_platform(mesh))
@@ -352,9 +355,10 @@ class ModelRunner:
         """A launched step's outputs on the host, in one transfer: `sample_outputs` or
         `verify_outputs` of it. Sets `timings`: device = dispatch plus waiting for the step,
         d2h = the transfer."""
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         launched.packed.block_until_ready()
         t1 = time.perf_counter()
+        self.wait_cpu_s += time.thread_time() - c0
         packed = to_host(launched.packed)
         t2 = time.perf_counter()
         self.timings = StepTimings(launched.h2d_s, launched.dispatch_s + t1 - t0, t2 - t1, t1 - t0)
