@@ -260,12 +260,12 @@ class InProcessDraftService:
         n = len(rows)
         if not n:
             return DraftRows.empty([])
-        seqs = np.full((n, 2), -1, np.int64)
-        groups = self._groups
-        for i, (g, r) in enumerate(rows):
+        groups, none = self._groups, (-1, -1)
+        pairs = []
+        for g, r in rows:
             ctx = groups.get(g)
-            if ctx is not None:
-                seqs[i] = ctx._seqs(r)
+            pairs.append(none if ctx is None else ctx._seqs(r))
+        seqs = np.array(pairs, np.int64).reshape(n, 2)
         mp = self.config.min_prob
         return self._arena.draft_rows(self.config, seqs, np.full(n, max_nodes, np.int64),
                                   np.full(n, max_depth, np.int64), np.full(n, width, np.int64),

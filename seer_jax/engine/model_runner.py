@@ -181,6 +181,7 @@ class ModelRunner:
             check_kernel_shapes(self.plan, cfg, page_size=page_size,
                                 dtype_bytes=jnp.dtype(dtype).itemsize, max_seqs=max_seqs,
                                 pages_per_seq=pages_per_seq, max_tokens=max_tokens)
+        self._held_key = None  # (kv type, params, their part of an executable's key)
         self.compile_s = 0.0  # time spent compiling new step shapes
         # CPU time the calling thread spent blocked on steps' outputs (`fetch`): waiting for the
         # device, not host work, though the thread's CPU clock counts it
@@ -248,10 +249,15 @@ class ModelRunner:
         """The compiled step for these shapes: compiled ahead of time on first use (its time
         goes to `compile_s`, not to the step), shared by every runner with the same shapes and
         shardings and the same params structure (stacked or per-layer weights)."""
-        key = (fn.__name__, tuple(sorted(static.items())), tuple(sorted((k, v.shape) for k, v in dev.items())),
-               self.kv_all.shape, str(self.kv_all.dtype), str(self.kv_all.sharding),
-               tuple(sorted(d.id for d in self.kv_all.sharding.device_set)),
-               jax.tree.structure(self.params))
+        kv, params = self.kv_all, self.params
+        held, kv_type = self._held_key, (kv.shape, kv.dtype, kv.sharding)
+        if held is None or held[1] is not params or held[0] != kv_type:
+            # (what the cache and params contribute, recomputed only when they change)
+            held = self._held_key = (kv_type, params, (
+                kv.shape, str(kv.dtype), str(kv.sharding),
+                tuple(sorted(d.id for d in kv.sharding.device_set)), jax.tree.structure(params)))
+        key = (fn.__name__, tuple(sorted(static.items())),
+               tuple(sorted((k, v.shape) for k, v in dev.items())), *held[2])
         with _STEP_LOCK:
             return self._cached_executable(key, fn, dev, **static)
 
