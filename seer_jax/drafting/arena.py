@@ -194,6 +194,7 @@ class ArenaDraftContext:
         self._prompt: list[int] = []
         self._requests: dict[str, int] = {}  # request -> its sequence in the group automaton
         self._own: dict[str, int] = {}  # request -> sequence 0 of its own automaton
+        self._targets: dict[str, tuple[int, ...]] = {}  # request -> sequences it appends to
         self._group = self._arena.new_automaton() if self.config.mode == "group" else -1
         self._started = False
         prompt = list(prompt_ids)
@@ -254,29 +255,37 @@ class ArenaDraftContext:
                 chunks: list) -> None:
         """What `append_many` appends, added to (seqs, chunks) of this context's arena: the
         caller appends them (`Arena.extend`), with other contexts' of a shared arena."""
-        group, requests, owns = self._group, self._requests, self._own
-        keeps_own = self._keeps_own()
-        started = self._started
+        targets = self._targets
         for rid, toks in items:
-            own = owns.get(rid)
-            if not started or (own is None and keeps_own) or (group >= 0
-                                                              and rid not in requests):
-                self.start_request(rid)
-                started = True
-                own = owns.get(rid)
+            tg = targets.get(rid)
+            if tg is None:
+                tg = self.targets(rid)
             if type(toks) is not list and not isinstance(toks, (tuple, np.ndarray)):
                 toks = list(toks)
-            if group >= 0:
-                seqs.append(requests[rid])
+            for q in tg:
+                seqs.append(q)
                 chunks.append(toks)
-            if own is not None:
-                seqs.append(own)
-                chunks.append(toks)
+
+    def targets(self, request_id: str) -> tuple[int, ...]:
+        """The sequences a request's tokens are appended to, in order: its sequence in the
+        group automaton, its own automaton (registering the request when it is new)."""
+        tg = self._targets.get(request_id)
+        if tg is None:
+            own = self._own.get(request_id)
+            if not self._started or (own is None and self._keeps_own()) or (
+                    self._group >= 0 and request_id not in self._requests):
+                self.start_request(request_id)
+                own = self._own.get(request_id)
+            tg = (((self._requests[request_id],) if self._group >= 0 else ())
+                  + ((own,) if own is not None else ()))
+            self._targets[request_id] = tg
+        return tg
 
     def finish_request(self, request_id: str) -> None:
         """The request will not be drafted for again. Group mode keeps its tokens (its siblings
         still draft from them); its own automaton is no longer used or counted."""
         own = self._own.pop(request_id, None)
+        self._targets.pop(request_id, None)
         if own is not None:
             self._arena.release(own)
 
@@ -290,6 +299,7 @@ class ArenaDraftContext:
             self._arena.release(self._group)
             self._group = -1
         self._requests.clear()
+        self._targets.clear()
 
     # -- queries ---------------------------------------------------------------------------------
 

@@ -168,16 +168,8 @@ class InProcessDraftService:
         if self.keep_log:
             self.append_batch([DraftAppend(g, r, np.array(t, np.int32)) for g, r, t in rows])
             return
-        by_group: dict[str, list] = {}
-        last: dict[str, int] = {}
-        for i, (g, r, t) in enumerate(rows):
-            items = by_group.get(g)
-            if items is None:
-                items = by_group[g] = []
-            items.append((r, t))
-            last[g] = i
         groups = self._groups
-        if not all(g in groups for g in by_group):  # a new group: row by row (its LRU closes)
+        if not all(g in groups for g, _, _ in rows):  # a new group: row by row (its LRU closes)
             pending: dict[int, tuple[ArenaDraftContext, list]] = {}
             for g, r, t in rows:
                 ctx = self._context(g)
@@ -186,14 +178,23 @@ class InProcessDraftService:
             for item in pending.values():
                 _flush(item)
             return
-        # each group once, made the most recently written in the order of its last row (as row
-        # by row); every group's tokens in one compiled call
+        # every group's tokens in one compiled call; each group made the most recently written
+        # in the order of its last row (as row by row)
+        versions, last = self._versions, {}
         seqs: list[int] = []
         chunks: list = []
-        for g in sorted(by_group, key=last.__getitem__):
-            items = by_group[g]
-            self._versions[g] += len(items)
-            self._context(g).collect(items, seqs, chunks)
+        for i, (g, r, t) in enumerate(rows):
+            ctx = groups[g]
+            tg = ctx._targets.get(r)
+            if tg is None:
+                tg = ctx.targets(r)
+            for q in tg:
+                seqs.append(q)
+                chunks.append(t)
+            versions[g] += 1
+            last[g] = i
+        for g in sorted(last, key=last.__getitem__):
+            self._context(g)
         self._arena.extend(seqs, chunks)
 
     def finish_request(self, group_id: str, request_id: str) -> None:

@@ -272,10 +272,12 @@ class Engine:
         launched = self.runner.launch(batch, self.config.max_top_logprobs,
                                       None if prev is None else prev.launched)
         step = self.step_count
-        for seq, _ in [(s, 1) for s in decode] + prefill:
-            seq.metrics.num_steps += 1
         for seq in decode:
-            seq.metrics.decode_steps += 1
+            m = seq.metrics
+            m.num_steps += 1
+            m.decode_steps += 1
+        for seq, _ in prefill:
+            seq.metrics.num_steps += 1
         pending = []
         if plan.drafts is None:  # (a verified step's tokens advance at its commit)
             for seq, n in [(s, 1) for s in decode] + prefill:
@@ -431,10 +433,12 @@ class Engine:
         """Append emitted tokens, finish sequences (EOS, stop ids, budget), release rejected
         draft pages, register completed prompt prefixes and record the step."""
         decode, prefill, drafts = plan.decode, plan.prefill, plan.drafts
-        for seq, _ in [(s, 1) for s in decode] + prefill:
-            seq.metrics.num_steps += 1
         for seq in decode:
-            seq.metrics.decode_steps += 1
+            m = seq.metrics
+            m.num_steps += 1
+            m.decode_steps += 1
+        for seq, _ in prefill:
+            seq.metrics.num_steps += 1
         kv_tokens = sum(s.num_computed for s in decode) + sum(s.num_computed for s, _ in prefill)
         finished = self._emit(plan, emissions, self.clock(), self.step_count)
         self._register_prefixes(prefill)

@@ -57,7 +57,7 @@ def accept(decode: list[Request], drafts, outputs, kv: KVCacheManager, runner,
            spec: Speculator, eos_ids: tuple[int, ...] = ()) -> list[tuple]:
     """Commit a verified decode region: each request's accepted path moves into consecutive
     cache slots, `num_computed` advances by 1 + accepted, the budget learns the acceptance.
-    Returns the emissions (request, tokens, logprobs, [], -1, end reason) in batch order: each
+    Returns the emissions (request, tokens, logprobs, (), -1, end reason) in batch order: each
     request's accepted tokens up to the first that ends it (EOS, a stop id, its budget's last),
     found for the whole batch at once."""
     d_toks, d_lps, n_acc, acc_nodes = outputs
@@ -89,8 +89,9 @@ def accept(decode: list[Request], drafts, outputs, kv: KVCacheManager, runner,
         hit = np.isin(toks, eos_ids) & (k < take[:, None])
     stop = hit.copy()
     for i, seq in enumerate(decode):  # (stop ids are per request; most have none)
-        if seq.sampling.stop_token_ids:
-            stop[i] |= np.isin(toks[i], seq.sampling.stop_token_ids) & (k < take[i])
+        ids = seq.sampling.stop_token_ids
+        if ids:
+            stop[i] |= np.isin(toks[i], ids) & (k < take[i])
     if stop.any():
         first = np.where(stop.any(1), stop.argmax(1), toks.shape[1])
         at = first < cut  # the length's last token is cut - 1: at the same token EOS wins
@@ -108,7 +109,7 @@ def accept(decode: list[Request], drafts, outputs, kv: KVCacheManager, runner,
         m = seq.metrics
         m.spec_proposed += nd
         m.spec_accepted += a
-        emissions.append((seq, flat_t[s:e], flat_l[s:e], [], -1, _REASONS[c]))
+        emissions.append((seq, flat_t[s:e], flat_l[s:e], (), -1, _REASONS[c]))
         s = e
     spec.observe(drafts, acc.tolist(), sum(lens))
     return emissions
