@@ -15,6 +15,10 @@ speculation, the engine's own per-step phase timings (`StepStats`) split a step 
   host_cpu CPU time of the calling thread in the step() call (the device runs on XLA's own
            threads): the host work per step, less disturbed than wall-clock phases when other
            processes load the machine
+  wait_cpu the part of host_cpu the thread spent blocked on the step's outputs
+           (block_until_ready: waking up, not host work; `ModelRunner.wait_cpu_s`)
+  host_work host_cpu - wait_cpu: the host's own work per step (planning, drafting, layout,
+           dispatch, acceptance, commit)
   exposed  overlap only: host time on the critical path, an upper bound per step: zero when the
            host still had to wait for step N after dispatching N+1 (the device went from N to
            N+1 without idling), else the planning and dispatch of N+1; after a step that
@@ -135,15 +139,18 @@ def run_point(model: str, batch: int, ctx: int, spec: bool, steps: int, warmup: 
     walls = []  # wall and thread CPU time of each step() call, and whether it compiled
     for _ in range(warmup + steps):
         c0, w0, u0 = eng.runner.compile_s, time.perf_counter(), time.thread_time()
+        b0 = eng.runner.wait_cpu_s
         eng.step()
-        walls.append((time.perf_counter() - w0, eng.runner.compile_s > c0, time.thread_time() - u0))
+        walls.append((time.perf_counter() - w0, eng.runner.compile_s > c0, time.thread_time() - u0,
+                      eng.runner.wait_cpu_s - b0))
     run_s = time.perf_counter() - t_run
     eng.drain()  # with overlap: the last step's phases complete
     stats = list(eng.step_stats)[1 + warmup:]
     kept = [s for s in stats if s.compile_s == 0 and s.batch_size == batch
             and s.num_prefill_tokens == 0]
-    steady_walls = [w for w, compiled, _ in walls[warmup:] if not compiled]
-    steady_cpu = [u for _, compiled, u in walls[warmup:] if not compiled]
+    steady_walls = [w for w, compiled, _, _ in walls[warmup:] if not compiled]
+    steady_cpu = [u for _, compiled, u, _ in walls[warmup:] if not compiled]
+    steady_wait = [b for _, compiled, _, b in walls[warmup:] if not compiled]
     out = {"status": "ok", "setup_s": round(setup_s, 2), "run_s": round(run_s, 2),
            "steps": len(stats), "excluded_steps": len(stats) - len(kept),
            "spec_steps": sum(s.num_decode_tokens > batch for s in kept),
@@ -157,6 +164,9 @@ def run_point(model: str, batch: int, ctx: int, spec: bool, steps: int, warmup: 
     med["host"] = float(np.median([s.plan_s + s.h2d_s + s.d2h_s + s.commit_s for s in kept]))
     med["wall"] = float(np.median(steady_walls)) if steady_walls else float("nan")
     med["host_cpu"] = float(np.median(steady_cpu)) if steady_cpu else float("nan")
+    med["wait_cpu"] = float(np.median(steady_wait)) if steady_wait else float("nan")
+    med["host_work"] = (float(np.median(np.subtract(steady_cpu, steady_wait))) if steady_cpu
+                        else float("nan"))
     if overlap:
         # step N+1 was dispatched before the host waited for step N; if the host then still had
         # to wait, N+1 was queued when N ended and the device did not idle between them: no
@@ -216,17 +226,18 @@ def run_ab(model: str, batch: int, ctx: int, steps: int, rounds: int, warmup: in
 
 def markdown(points: list[dict]) -> str:
     head = ("| model | batch | ctx | spec | overlap | plan ms | h2d ms | device ms | d2h ms "
-            "| commit ms | host ms | step ms | wall ms | exposed host ms | host CPU ms |")
-    rows = [head, "|" + "---|" * 15]
+            "| commit ms | host ms | step ms | wall ms | exposed host ms | host CPU ms "
+            "| wait CPU ms | host work ms |")
+    rows = [head, "|" + "---|" * 17]
     for p in points:
         key = (f"| {p['model']} | {p['batch']} | {p['context']} | {'on' if p['spec'] else 'off'} "
                f"| {'on' if p.get('overlap') else 'off'} |")
         if p["status"] != "ok":
-            rows.append(key + f" {p['status']} |" + " |" * 10)
+            rows.append(key + f" {p['status']} |" + " |" * 12)
             continue
         rows.append(key + "".join(f" {p[f'{k}_ms']:.2f} |" for k in (*PHASES, "host", "step", "wall"))
                     + (f" {p['exposed_host_ms']:.3f} |" if "exposed_host_ms" in p else " |")
-                    + f" {p['host_cpu_ms']:.2f} |")
+                    + f" {p['host_cpu_ms']:.2f} | {p['wait_cpu_ms']:.2f} | {p['host_work_ms']:.2f} |")
     return "\n".join(rows)
 
 
@@ -306,7 +317,11 @@ def main(argv: list[str] | None = None) -> int:
             if p8:
                 summary[f"{tag}_host_ms_b256_ctx8k"] = p8["host_ms"]
                 summary[f"{tag}_host_cpu_ms_b256_ctx8k"] = p8["host_cpu_ms"]
+                summary[f"{tag}_host_work_ms_b256_ctx8k"] = p8["host_work_ms"]
             o8 = find(model, 256, 8192, spec, True)
+            if o8:
+                summary[f"{tag}_overlap_host_cpu_ms_b256_ctx8k"] = o8["host_cpu_ms"]
+                summary[f"{tag}_overlap_host_work_ms_b256_ctx8k"] = o8["host_work_ms"]
             if o8 and "exposed_host_ms" in o8:
                 summary[f"{tag}_overlap_exposed_host_ms_b256_ctx8k"] = o8["exposed_host_ms"]
                 summary[f"{tag}_overlap_host_waited_share_b256_ctx8k"] = o8["host_waited_share"]

@@ -2,15 +2,18 @@
 
 `ArenaDraftContext` is `GroupDraftContext` (same configuration, same methods, identical drafts:
 tokens, parents, probabilities, depths and match lengths) with every automaton of the group (the
-group's and each request's own) held in one arena of numpy arrays (`arena_kernels`) and the
+group's and each request's own) held in an `Arena` of numpy arrays (`arena_kernels`) and the
 per-token work compiled with numba: `append_many` extends the automata with the tokens of many
 requests in one call, `speculate_many` drafts for many requests in one call
-(`arena_drafts.speculate`). The draft services use it; `GroupDraftContext` over
-`SuffixAutomaton` stays as the reference it is checked against (tests/drafting).
+(`arena_drafts.speculate`). A draft service keeps the contexts of all its groups in one arena, so
+that the appends and drafts of every request of every group are one compiled call each
+(`InProcessDraftService.append_rows`, `speculate_rows`). The draft services use it;
+`GroupDraftContext` over `SuffixAutomaton` stays as the reference it is checked against
+(tests/drafting).
 
-Memory: the arena grows by doubling. A finished request's own automaton is no longer counted
-or drafted from, but its states stay in the arena until the group's context is dropped (a
-group's rollout ends with its requests).
+Memory: the arena grows by doubling. A finished request's own automaton and a closed group's
+automata are released; their states are dropped when released states outnumber live ones
+(`Arena.compact`), and an arena with nothing live goes back to its first size.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from seer_jax.drafting import arena_drafts as kd
 from seer_jax.drafting import arena_kernels as ka
 from seer_jax.drafting.context import DraftConfig, DraftMode
 from seer_jax.drafting.draft import Draft
+from seer_jax.drafting.draft_rows import DraftRows
 from seer_jax.errors import InputError
 
 
@@ -37,51 +41,93 @@ def _token_array(tokens: list[int]) -> np.ndarray:
     return arr
 
 
-class ArenaDraftContext:
-    """The draft context of one group (see module docstring and `GroupDraftContext`)."""
+class Arena:
+    """The arrays of many automata (`arena_kernels`): those of one group's context, or of every
+    group of a draft service (then one compiled call appends, or drafts, for all of them).
 
-    def __init__(self, config: DraftConfig | None = None, prompt_ids: Iterable[int] = ()) -> None:
-        self.config = (config or DraftConfig()).validate()
-        self._cd = self.config.max_match_len + 1
-        self._st = np.empty((64, 8), np.int32)
-        self._ed = np.empty((64, 3), np.int32)
-        self._hk = np.full(256, -1, np.int64)
-        self._hv = np.empty(256, np.int32)
-        self._meta = np.zeros(2, np.int64)  # states, transitions in use
-        self._sq = np.empty((8, 6), np.int32)
-        self._au = np.zeros((4, 2), np.int64)  # per automaton: states, positions appended
-        self._nseq = 0
-        self._naut = 0
-        self._prompt: list[int] = []
-        self._requests: dict[str, int] = {}  # request -> its sequence in the group automaton
-        self._own: dict[str, int] = {}  # request -> sequence 0 of its own automaton
-        self._group = self._new_automaton() if self.config.mode == "group" else -1
-        self._started = False
-        prompt = list(prompt_ids)
-        if prompt:
-            self.set_prompt(prompt)
+    Automata that are no longer used (`release`: a finished request's own automaton, a closed
+    group's) keep their states until dead states outnumber live ones (and `min_dead`): the
+    arena is then compacted, so its memory follows what is live; with nothing live it goes back
+    to its first size."""
 
-    # -- arena -----------------------------------------------------------------------------------
+    def __init__(self, min_dead: int = 1 << 16) -> None:
+        self.min_dead = min_dead
+        self.compactions = 0
+        self._reset()
 
-    def _new_seq(self, row) -> int:
-        if self._nseq == self._sq.shape[0]:
-            self._sq = np.concatenate([self._sq, np.empty_like(self._sq)])
-        s = self._nseq
-        self._sq[s] = row
-        self._nseq += 1
+    def _reset(self) -> None:
+        self.st = np.empty((64, ka.STATE_COLS), np.int32)
+        self.ed = np.empty((64, 3), np.int32)
+        self.hk = np.full(256, -1, np.int64)
+        self.hv = np.empty(256, np.int32)
+        self.meta = np.zeros(2, np.int64)  # states, transitions in use
+        self.sq = np.empty((8, 6), np.int32)
+        self.au = np.zeros((4, 2), np.int64)  # per automaton: states, positions appended
+        self.live = np.zeros(4, bool)
+        self.nseq = 0
+        self.naut = 0
+        self.num_live = 0
+        self.dead_states = 0
+        self._free_seqs: list[int] = []
+        self._free_auts: list[int] = []
+        self._released: list[int] = []  # dead automata whose states are still here
+
+    def new_seq(self, row) -> int:
+        if self._free_seqs:
+            s = self._free_seqs.pop()
+        else:
+            if self.nseq == self.sq.shape[0]:
+                self.sq = np.concatenate([self.sq, np.empty_like(self.sq)])
+            s = self.nseq
+            self.nseq += 1
+        self.sq[s] = row
         return s
 
-    def _new_automaton(self) -> int:
-        """A new empty automaton in the arena; its first (empty) sequence."""
-        if self._naut == self._au.shape[0]:
-            self._au = np.concatenate([self._au, np.zeros_like(self._au)])
-        a = self._naut
-        self._naut += 1
-        self._st, self._ed, self._hk, self._hv, r = ka.new_root(
-            self._st, self._ed, self._hk, self._hv, self._meta, self._au, a)
-        return self._new_seq((r, r, 0, 0, r, a))
+    def new_automaton(self) -> int:
+        """A new empty automaton; its first (empty) sequence."""
+        if self._free_auts:
+            a = self._free_auts.pop()
+        else:
+            if self.naut == self.au.shape[0]:
+                self.au = np.concatenate([self.au, np.zeros_like(self.au)])
+                self.live = np.concatenate([self.live, np.zeros_like(self.live)])
+            a = self.naut
+            self.naut += 1
+        self.live[a] = True
+        self.num_live += 1
+        self.st, self.ed, self.hk, self.hv, r = ka.new_root(
+            self.st, self.ed, self.hk, self.hv, self.meta, self.au, a)
+        return self.new_seq((r, r, 0, 0, r, a))
 
-    def _extend(self, seqs: list[int], chunks: list) -> None:
+    def release(self, seq: int) -> None:
+        """The automaton of sequence `seq` is no longer used (drafted from or appended to)."""
+        a = int(self.sq[seq, ka.AUT])
+        if a < 0 or not self.live[a]:
+            return
+        self.live[a] = False
+        self.num_live -= 1
+        self.dead_states += int(self.au[a, 0])
+        self._released.append(a)
+        if not self.num_live:
+            self._reset()
+        elif self.dead_states >= max(self.min_dead, int(self.meta[0]) - self.dead_states):
+            self.compact()
+
+    def compact(self) -> None:
+        """Drop the states of released automata; their ids and sequences are reused."""
+        self.st, self.ed, self.hk, self.hv = ka.compact(self.st, self.ed, self.meta, self.sq,
+                                                        self.nseq, self.live)
+        aut = self.sq[:self.nseq, ka.AUT]
+        dead = np.flatnonzero((aut >= 0) & ~self.live[np.maximum(aut, 0)])
+        self.sq[dead, ka.AUT] = -1
+        self._free_seqs += dead.tolist()
+        self.au[self._released] = 0
+        self._free_auts += self._released
+        self._released = []
+        self.dead_states = 0
+        self.compactions += 1
+
+    def extend(self, seqs: list[int], chunks: list) -> None:
         """Append chunks[i] (token lists or arrays) to sequence seqs[i], in order."""
         if not seqs:
             return
@@ -93,9 +139,70 @@ class ArenaDraftContext:
         toks = _token_array(flat)
         starts = np.zeros(len(chunks) + 1, np.int64)
         np.cumsum(np.fromiter(map(len, chunks), np.int64, len(chunks)), out=starts[1:])
-        self._st, self._ed, self._hk, self._hv = ka.extend(
-            self._st, self._ed, self._hk, self._hv, self._meta, self._sq, self._au,
+        self.st, self.ed, self.hk, self.hv = ka.extend(
+            self.st, self.ed, self.hk, self.hv, self.meta, self.sq, self.au,
             np.asarray(seqs, np.int64), starts, toks, self._cd)
+
+    _cd = 0  # count depth (max_match_len + 1) of the contexts using the arena
+
+    def draft_rows(self, config: DraftConfig, seqs: np.ndarray, max_nodes, max_depth, width,
+                   min_prob) -> DraftRows:
+        """Drafts of the sequence pairs seqs [R, 2] (the group's, the request's own; -1: none)
+        with per-row max_nodes, max_depth, width, min_prob (arrays [R])."""
+        roots, states, lens = kd.suffix_states(self.st, self.sq, seqs, config.max_match_len)
+        return DraftRows.from_slots(*self._speculate(config, roots, states, lens, max_nodes,
+                                                     max_depth, width, min_prob))
+
+    def _speculate(self, cfg: DraftConfig, roots, states, lens, max_nodes, max_depth, width,
+                   min_prob):
+        factor = -1.0 if cfg.max_spec_factor is None else float(cfg.max_spec_factor)
+        return kd.speculate(
+            self.st, self.ed, self.hk, self.hv, roots, states, lens, max_nodes, max_depth,
+            width, min_prob, cfg.max_match_len, cfg.min_match_len, cfg.match_candidates, factor,
+            float(cfg.max_spec_offset), float(cfg.prior), cfg.merge_trees)
+
+    def drafts_from(self, config: DraftConfig, roots, states, lens, max_nodes, max_depth, width,
+                    min_prob) -> list[Draft]:
+        starts, n, ml, tok, par, prob, dep = self._speculate(config, roots, states, lens,
+                                                             max_nodes, max_depth, width, min_prob)
+        for a in (tok, par, prob, dep):
+            a.flags.writeable = False
+        out = []
+        empty = Draft.empty
+        for s, k, m in zip(starts.tolist(), n.tolist(), ml.tolist(), strict=False):
+            if k:
+                e = s + k
+                out.append(Draft(tok[s:e], par[s:e], prob[s:e], m, dep[s:e]))
+            else:
+                out.append(empty(m))
+        return out
+
+
+class ArenaDraftContext:
+    """The draft context of one group (see module docstring and `GroupDraftContext`), in its
+    own arena or in one shared with other groups of the same configuration (`arena`)."""
+
+    def __init__(self, config: DraftConfig | None = None, prompt_ids: Iterable[int] = (),
+                 arena: Arena | None = None) -> None:
+        self.config = (config or DraftConfig()).validate()
+        self._arena = arena if arena is not None else Arena()
+        cd = self.config.max_match_len + 1
+        if self._arena._cd not in (0, cd):
+            raise InputError(f"an arena holds contexts of one max_match_len: {self._arena._cd - 1} "
+                             f"!= {cd - 1}")
+        self._arena._cd = cd
+        self._prompt: list[int] = []
+        self._requests: dict[str, int] = {}  # request -> its sequence in the group automaton
+        self._own: dict[str, int] = {}  # request -> sequence 0 of its own automaton
+        self._targets: dict[str, tuple[int, ...]] = {}  # request -> sequences it appends to
+        self._group = self._arena.new_automaton() if self.config.mode == "group" else -1
+        self._started = False
+        prompt = list(prompt_ids)
+        if prompt:
+            self.set_prompt(prompt)
+
+    def _extend(self, seqs: list[int], chunks: list) -> None:
+        self._arena.extend(seqs, chunks)
 
     # -- building --------------------------------------------------------------------------------
 
@@ -124,9 +231,9 @@ class ArenaDraftContext:
         """Register a request (done implicitly by its first `append`)."""
         self._started = True
         if self._group >= 0 and request_id not in self._requests:
-            self._requests[request_id] = self._new_seq(self._sq[self._group])
+            self._requests[request_id] = self._arena.new_seq(self._arena.sq[self._group])
         if self._keeps_own() and request_id not in self._own:
-            own = self._own[request_id] = self._new_automaton()
+            own = self._own[request_id] = self._arena.new_automaton()
             self._extend([own], [self._prompt])
 
     def _keeps_own(self) -> bool:
@@ -141,30 +248,58 @@ class ArenaDraftContext:
         one compiled call."""
         seqs: list[int] = []
         chunks: list = []
-        group, requests, owns = self._group, self._requests, self._own
-        keeps_own = self._keeps_own()
-        started = self._started
+        self.collect(items, seqs, chunks)
+        self._extend(seqs, chunks)
+
+    def collect(self, items: Sequence[tuple[str, Iterable[int]]], seqs: list[int],
+                chunks: list) -> None:
+        """What `append_many` appends, added to (seqs, chunks) of this context's arena: the
+        caller appends them (`Arena.extend`), with other contexts' of a shared arena."""
+        targets = self._targets
         for rid, toks in items:
-            own = owns.get(rid)
-            if not started or (own is None and keeps_own) or (group >= 0
-                                                              and rid not in requests):
-                self.start_request(rid)
-                started = True
-                own = owns.get(rid)
+            tg = targets.get(rid)
+            if tg is None:
+                tg = self.targets(rid)
             if type(toks) is not list and not isinstance(toks, (tuple, np.ndarray)):
                 toks = list(toks)
-            if group >= 0:
-                seqs.append(requests[rid])
+            for q in tg:
+                seqs.append(q)
                 chunks.append(toks)
-            if own is not None:
-                seqs.append(own)
-                chunks.append(toks)
-        self._extend(seqs, chunks)
+
+    def targets(self, request_id: str) -> tuple[int, ...]:
+        """The sequences a request's tokens are appended to, in order: its sequence in the
+        group automaton, its own automaton (registering the request when it is new)."""
+        tg = self._targets.get(request_id)
+        if tg is None:
+            own = self._own.get(request_id)
+            if not self._started or (own is None and self._keeps_own()) or (
+                    self._group >= 0 and request_id not in self._requests):
+                self.start_request(request_id)
+                own = self._own.get(request_id)
+            tg = (((self._requests[request_id],) if self._group >= 0 else ())
+                  + ((own,) if own is not None else ()))
+            self._targets[request_id] = tg
+        return tg
 
     def finish_request(self, request_id: str) -> None:
         """The request will not be drafted for again. Group mode keeps its tokens (its siblings
         still draft from them); its own automaton is no longer used or counted."""
-        self._own.pop(request_id, None)
+        own = self._own.pop(request_id, None)
+        self._targets.pop(request_id, None)
+        if own is not None:
+            self._arena.release(own)
+
+    def close(self) -> None:
+        """The group is over: its automata are released (`Arena.release`); the context is not
+        used again."""
+        for own in self._own.values():
+            self._arena.release(own)
+        self._own.clear()
+        if self._group >= 0:
+            self._arena.release(self._group)
+            self._group = -1
+        self._requests.clear()
+        self._targets.clear()
 
     # -- queries ---------------------------------------------------------------------------------
 
@@ -184,7 +319,8 @@ class ArenaDraftContext:
         if not queries:
             return []
         seqs = np.array([self._seqs(q[0]) for q in queries], np.int64).reshape(-1, 2)
-        roots, states, lens = kd.suffix_states(self._st, self._sq, seqs, self.config.max_match_len)
+        roots, states, lens = kd.suffix_states(self._arena.st, self._arena.sq, seqs,
+                                               self.config.max_match_len)
         return self._drafts(roots, states, lens, queries)
 
     def speculate_pattern(self, pattern: Sequence[int], request_id: str | None = None,
@@ -203,49 +339,36 @@ class ArenaDraftContext:
         states = np.zeros((1, 2), np.int64)
         lens = np.zeros((1, 2), np.int64)
         for c, seq in enumerate(seqs):
-            root = int(self._sq[seq, ka.ROOT])
+            ar = self._arena
+            root = int(ar.sq[seq, ka.ROOT])
             roots[0, c] = root
-            states[0, c], lens[0, c] = ka.match(self._st, self._ed, self._hk, self._hv, root,
-                                                pat, cap, self._cd)
+            states[0, c], lens[0, c] = ka.match(ar.st, ar.ed, ar.hk, ar.hv, root, pat, cap,
+                                                ar._cd)
         return self._drafts(roots, states, lens, [(request_id, max_nodes, max_depth, width,
                                                    min_prob)])[0]
 
     def _drafts(self, roots, states, lens, queries) -> list[Draft]:
-        cfg = self.config
-        mp = cfg.min_prob
+        mp = self.config.min_prob
         q = len(queries)
         max_nodes = np.fromiter((x[1] for x in queries), np.int64, q)
         max_depth = np.fromiter((x[2] for x in queries), np.int64, q)
         width = np.fromiter((x[3] for x in queries), np.int64, q)
         min_prob = np.fromiter((mp if x[4] is None else x[4] for x in queries), np.float64, q)
-        factor = -1.0 if cfg.max_spec_factor is None else float(cfg.max_spec_factor)
-        starts, n, ml, tok, par, prob, dep = kd.speculate(
-            self._st, self._ed, self._hk, self._hv, roots, states, lens, max_nodes, max_depth,
-            width, min_prob, cfg.max_match_len, cfg.min_match_len, cfg.match_candidates, factor,
-            float(cfg.max_spec_offset), float(cfg.prior), cfg.merge_trees)
-        for a in (tok, par, prob, dep):
-            a.flags.writeable = False
-        out = []
-        for s, k, m in zip(starts.tolist(), n.tolist(), ml.tolist(), strict=False):
-            if k:
-                e = s + k
-                out.append(Draft(tok[s:e], par[s:e], prob[s:e], m, dep[s:e]))
-            else:
-                out.append(Draft.empty(m))
-        return out
+        return self._arena.drafts_from(self.config, roots, states, lens, max_nodes, max_depth,
+                                       width, min_prob)
 
     # -- stats -----------------------------------------------------------------------------------
 
     def _automata(self) -> list[int]:
         seqs = list(self._own.values()) + ([self._group] if self._group >= 0 else [])
-        return [int(self._sq[s, ka.AUT]) for s in seqs]
+        return [int(self._arena.sq[s, ka.AUT]) for s in seqs]
 
     def num_tokens(self) -> int:
         """Positions indexed (group mode: prompt once + every response)."""
-        return int(sum(self._au[a, 1] for a in self._automata()))
+        return int(sum(self._arena.au[a, 1] for a in self._automata()))
 
     def num_states(self) -> int:
-        return int(sum(self._au[a, 0] for a in self._automata()))
+        return int(sum(self._arena.au[a, 0] for a in self._automata()))
 
 
 def compile_kernels() -> None:

@@ -1,10 +1,11 @@
 """Compiled (numba) kernels of the array suffix automata (`arena.ArenaDraftContext`).
 
-Every automaton of one group's draft context lives in one arena of arrays:
+The automata of one group's draft context, or of every group of a draft service, live in one
+arena of arrays:
 
-- states `st` int32 [capacity, 8]: longest length, suffix link (-1 at a root), occurrence
+- states `st` int32 [capacity, 9]: longest length, suffix link (-1 at a root), occurrence
   count, continuation total, most frequent continuation (-1: none), first and last outgoing
-  transition, number of transitions;
+  transition, number of transitions, the automaton the state belongs to;
 - transitions `ed` int32 [capacity, 3]: token, target state, the state's next transition (its
   transitions form a list in insertion order, the order in which a Python dict would hold them:
   ties between equally frequent continuations are broken by it);
@@ -27,7 +28,8 @@ import numpy as np
 from numba import njit
 
 # state columns
-LEN, LINK, COUNT, TOTAL, BEST, HEAD, TAIL, NCH = range(8)
+LEN, LINK, COUNT, TOTAL, BEST, HEAD, TAIL, NCH, OWNER = range(9)
+STATE_COLS = 9
 # transition columns
 TOK, TGT, NXT = range(3)
 # sequence columns
@@ -134,6 +136,7 @@ def _new_state(st, meta, au, a, length, link, count, total, best):
     st[s, HEAD] = -1
     st[s, TAIL] = -1
     st[s, NCH] = 0
+    st[s, OWNER] = a
     return s
 
 
@@ -256,6 +259,61 @@ def _count(st, ed, hk, hv, sq, seq, root, c, cd):
             if b < 0 or st[x, COUNT] > st[_get(st, ed, hk, hv, v, b), COUNT]:
                 st[v, BEST] = c
         v = st[v, LINK]
+
+
+@njit(cache=True)
+def compact(st, ed, meta, sq, nseq, live):
+    """The arena without the states (and their transitions) of the automata a with live[a]
+    false: live states keep their order and each state's transitions their list order (so
+    drafts do not change); the sequences of live automata are renumbered in place. Returns
+    new (st, ed, hk, hv), sized for what is left."""
+    ns = meta[0]
+    new = np.full(ns, -1, np.int64)
+    k = 0
+    ne = 0
+    for s in range(ns):
+        if live[st[s, OWNER]]:
+            new[s] = k
+            k += 1
+            ne += st[s, NCH]
+    cap_s = 64
+    while cap_s <= k:
+        cap_s *= 2
+    cap_e = 64
+    while cap_e <= ne:
+        cap_e *= 2
+    size = 256
+    while 2 * ne >= size:
+        size *= 2
+    st2 = np.empty((cap_s, st.shape[1]), np.int32)
+    ed2 = np.empty((cap_e, ed.shape[1]), np.int32)
+    hk2 = np.full(size, -1, np.int64)
+    hv2 = np.empty(size, np.int32)
+    for s in range(ns):
+        t = new[s]
+        if t >= 0:
+            st2[t] = st[s]
+            link = st[s, LINK]
+            st2[t, LINK] = new[link] if link >= 0 else -1
+            st2[t, HEAD] = -1
+            st2[t, TAIL] = -1
+            st2[t, NCH] = 0
+    meta[0] = k
+    meta[1] = 0
+    for s in range(ns):
+        t = new[s]
+        if t >= 0:
+            e = st[s, HEAD]
+            while e >= 0:
+                _add_edge(st2, ed2, hk2, hv2, meta, t, ed[e, TOK], new[ed[e, TGT]])
+                e = ed[e, NXT]
+    for q in range(nseq):
+        a = sq[q, AUT]
+        if a >= 0 and live[a]:
+            for col in (LAST, WSTATE, ROOT):
+                if sq[q, col] >= 0:
+                    sq[q, col] = new[sq[q, col]]
+    return st2, ed2, hk2, hv2
 
 
 @njit(cache=True)

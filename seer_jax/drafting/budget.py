@@ -28,6 +28,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from seer_jax.drafting.draft import Draft
+from seer_jax.drafting.draft_rows import DraftRows
 from seer_jax.errors import ConfigError
 
 StepTimeFn = Callable[[int, int], float]  # T(B, γ) -> seconds
@@ -98,10 +99,12 @@ class AcceptanceStats:
         a few operations each, not array calls)."""
         beta, seen = self.beta.tolist(), self.observations.tolist()
         decay, size = self.decay, len(beta)
-        for d, a in zip(drafts, accepted, strict=True):
-            if not len(d):
+        depths = (drafts.row_depths().tolist() if isinstance(drafts, DraftRows)
+                  else [d.depth if len(d) else 0 for d in drafts])
+        for depth, a in zip(depths, accepted, strict=True):
+            if not depth:
                 continue
-            n = min(d.depth, size)
+            n = min(depth, size)
             a = min(int(a), n)
             for i in range(min(a + 1, n)):
                 beta[i] += decay * ((1.0 if i < a else 0.0) - beta[i])
@@ -277,27 +280,24 @@ class SpeculationBudget:
         return np.where(p > 0, self.config.priority_weight, 1.0)
 
     def allocate(self, drafts: Sequence[Draft], priorities: Sequence[int] | None = None,
-                 plan: BudgetPlan | None = None) -> list[Draft]:
-        """Trim candidate drafts (one per running request, possibly empty) to the step budget:
-        the plan's `total_tokens` most beneficial nodes, ≤ max_nodes_per_request and depth
-        ≤ max_depth per request. Returns the drafts to verify (empty where none)."""
-        n = len(drafts)
+                 plan: BudgetPlan | None = None) -> DraftRows:
+        """Trim candidate drafts (one per running request, possibly empty; a list of `Draft`s
+        or `DraftRows`) to the step budget: the plan's `total_tokens` most beneficial nodes,
+        ≤ max_nodes_per_request and depth ≤ max_depth per request. Returns the drafts to verify
+        (empty where none), as `DraftRows` (a sequence of `Draft`s)."""
+        rows = DraftRows.from_drafts(drafts)
+        n = len(rows)
         if priorities is None:
             priorities = [0] * n
         if plan is None:
             plan = self.plan(n)
-        if not plan.enabled:
-            return [Draft.empty(d.match_len) for d in drafts]
-        lens = np.fromiter((len(d) for d in drafts), np.int64, n)
-        if not lens.any():
-            return [Draft.empty(d.match_len) for d in drafts]
+        if not plan.enabled or not rows.num_nodes:
+            return DraftRows.empty(rows.match_len)
         # every request's nodes, concatenated (request, then node order)
-        full = [d for d in drafts if len(d)]
-        dep = np.concatenate([d.depths() for d in full])
-        par = np.concatenate([d.parents for d in full])
-        probs = np.concatenate([d.probs for d in full]).astype(np.float64)
-        req = np.repeat(np.arange(n), lens)
-        first = np.cumsum(lens) - lens  # each request's first node
+        dep, par = rows.depths, rows.parents
+        probs = rows.probs.astype(np.float64)
+        req = rows.row
+        first = rows.starts[:-1]  # each request's first node
         node = np.arange(req.size) - first[req]
         reach = self.stats.reach()
         w = self.weights(priorities)
@@ -315,17 +315,7 @@ class SpeculationBudget:
             if (grown == keep).all():
                 break
             keep = grown
-        kept = np.bincount(req[keep], minlength=n)
-        scattered = np.bincount(req[keep & (node >= kept[req])], minlength=n)  # not a prefix
-        out = []
-        for r, (d, k, s) in enumerate(zip(drafts, kept.tolist(), scattered.tolist(), strict=True)):
-            if not k:
-                out.append(Draft.empty(d.match_len))
-            elif s:
-                out.append(d.select(keep[first[r]:first[r] + len(d)]))
-            else:
-                out.append(d.truncate(k))
-        return out
+        return rows.select(keep)
 
     def allocate_expected(self, reach: np.ndarray, priorities: Sequence[int] | None = None,
                           plan: BudgetPlan | None = None) -> np.ndarray:

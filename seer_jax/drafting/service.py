@@ -23,9 +23,10 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-from seer_jax.drafting.arena import ArenaDraftContext
+from seer_jax.drafting.arena import Arena, ArenaDraftContext
 from seer_jax.drafting.context import DraftConfig
 from seer_jax.drafting.draft import Draft
+from seer_jax.drafting.draft_rows import DraftRows
 from seer_jax.errors import InputError
 
 
@@ -113,6 +114,7 @@ class InProcessDraftService:
         self.keep_log = keep_log
         self.max_groups = max_groups
         self._groups: dict[str, ArenaDraftContext] = {}  # least recently written first
+        self._arena = Arena()  # every group's automata: one compiled call for all of them
         self._logs: dict[str, list[DraftAppend]] = {}
         self._versions: dict[str, int] = {}
 
@@ -125,7 +127,7 @@ class InProcessDraftService:
         if ctx is None:
             while len(self._groups) >= self.max_groups:
                 self.close_group(next(iter(self._groups)))
-            ctx = ArenaDraftContext(self.config)
+            ctx = ArenaDraftContext(self.config, arena=self._arena)
             self._logs[group_id] = []
             self._versions[group_id] = 0
         self._groups[group_id] = ctx
@@ -166,16 +168,8 @@ class InProcessDraftService:
         if self.keep_log:
             self.append_batch([DraftAppend(g, r, np.array(t, np.int32)) for g, r, t in rows])
             return
-        by_group: dict[str, list] = {}
-        last: dict[str, int] = {}
-        for i, (g, r, t) in enumerate(rows):
-            items = by_group.get(g)
-            if items is None:
-                items = by_group[g] = []
-            items.append((r, t))
-            last[g] = i
         groups = self._groups
-        if not all(g in groups for g in by_group):  # a new group: row by row (its LRU closes)
+        if not all(g in groups for g, _, _ in rows):  # a new group: row by row (its LRU closes)
             pending: dict[int, tuple[ArenaDraftContext, list]] = {}
             for g, r, t in rows:
                 ctx = self._context(g)
@@ -184,12 +178,24 @@ class InProcessDraftService:
             for item in pending.values():
                 _flush(item)
             return
-        # each group once, made the most recently written in the order of its last row (as row
-        # by row)
-        for g in sorted(by_group, key=last.__getitem__):
-            items = by_group[g]
-            self._versions[g] += len(items)
-            self._context(g).append_many(items)
+        # every group's tokens in one compiled call; each group made the most recently written
+        # in the order of its last row (as row by row)
+        versions, last = self._versions, {}
+        seqs: list[int] = []
+        chunks: list = []
+        for i, (g, r, t) in enumerate(rows):
+            ctx = groups[g]
+            tg = ctx._targets.get(r)
+            if tg is None:
+                tg = ctx.targets(r)
+            for q in tg:
+                seqs.append(q)
+                chunks.append(t)
+            versions[g] += 1
+            last[g] = i
+        for g in sorted(last, key=last.__getitem__):
+            self._context(g)
+        self._arena.extend(seqs, chunks)
 
     def finish_request(self, group_id: str, request_id: str) -> None:
         ctx = self._groups.get(group_id)
@@ -197,9 +203,15 @@ class InProcessDraftService:
             ctx.finish_request(request_id)
 
     def close_group(self, group_id: str) -> None:
-        self._groups.pop(group_id, None)
+        ctx = self._groups.pop(group_id, None)
+        if ctx is not None:
+            ctx.close()
         self._logs.pop(group_id, None)
         self._versions.pop(group_id, None)
+
+    def num_states(self) -> int:
+        """States held for every group (released ones not yet compacted away included)."""
+        return int(self._arena.meta[0])
 
     # -- reads -----------------------------------------------------------------------------------
 
@@ -225,27 +237,40 @@ class InProcessDraftService:
         return out
 
     def speculate(self, queries: Sequence[DraftQuery]) -> list[Draft]:
-        return _speculate(self._groups, queries)
+        """The drafts of the queries, every group's in one compiled call."""
+        n = len(queries)
+        if not n:
+            return []
+        seqs = np.full((n, 2), -1, np.int64)
+        groups = self._groups
+        for i, q in enumerate(queries):
+            ctx = groups.get(q.group_id)
+            if ctx is not None:
+                seqs[i] = ctx._seqs(q.request_id)
+        mp = self.config.min_prob
+        return list(self._arena.draft_rows(
+            self.config, seqs, np.fromiter((q.max_nodes for q in queries), np.int64, n),
+            np.fromiter((q.max_depth for q in queries), np.int64, n),
+            np.fromiter((q.width for q in queries), np.int64, n),
+            np.fromiter((mp if q.min_prob is None else q.min_prob for q in queries), np.float64, n)))
 
     def speculate_rows(self, rows: Sequence[tuple[str, str]], max_nodes: int, max_depth: int,
-                       width: int) -> list[Draft]:
-        """`speculate` for [(group_id, request_id)] with one shape for all (no query objects)."""
-        out: list[Draft] = [_NO_DRAFT] * len(rows)
-        by_group: dict[str, list[int]] = {}
-        for i, (g, _) in enumerate(rows):
-            by_group.setdefault(g, []).append(i)
-        for gid, idx in by_group.items():
-            ctx = self._groups.get(gid)
-            if ctx is None:
-                continue
-            drafts = ctx.speculate_many([(rows[i][1], max_nodes, max_depth, width, None)
-                                         for i in idx])
-            for i, d in zip(idx, drafts, strict=True):
-                out[i] = d
-        return out
-
-
-_NO_DRAFT = Draft.empty()
+                       width: int) -> DraftRows:
+        """`speculate` for [(group_id, request_id)] with one shape for all (no query objects),
+        every group's rows in one compiled call, as `DraftRows` (no object per draft)."""
+        n = len(rows)
+        if not n:
+            return DraftRows.empty([])
+        groups, none = self._groups, (-1, -1)
+        pairs = []
+        for g, r in rows:
+            ctx = groups.get(g)
+            pairs.append(none if ctx is None else ctx._seqs(r))
+        seqs = np.array(pairs, np.int64).reshape(n, 2)
+        mp = self.config.min_prob
+        return self._arena.draft_rows(self.config, seqs, np.full(n, max_nodes, np.int64),
+                                  np.full(n, max_depth, np.int64), np.full(n, width, np.int64),
+                                  np.full(n, mp, np.float64))
 
 
 def _flush(item: tuple[ArenaDraftContext, list] | None) -> None:

@@ -15,6 +15,8 @@ from typing import Any
 
 import numpy as np
 
+from seer_jax.drafting.draft_rows import DraftRows
+
 
 @dataclasses.dataclass(frozen=True)
 class Layout:
@@ -262,7 +264,9 @@ def build_batch(decode: Sequence[Any], prefill: Sequence[tuple[Any, int]], draft
     with a few array operations, whatever the batch size and context."""
     S = page_size
     n_dec = len(decode)
-    q_dec = 1 if drafts is None else bucket(1 + max(len(d) for d in drafts), 2)
+    if drafts is not None:
+        drafts = DraftRows.from_drafts(drafts)
+    q_dec = 1 if drafts is None else bucket(1 + int(drafts.lens.max(initial=0)), 2)
     d_rows = np.fromiter((s.row for s in decode), np.intp, n_dec)
     d_computed = np.fromiter((s.num_computed for s in decode), np.int32, n_dec)
     max_pages = max(max((len(s.pages) for s in decode), default=0),
@@ -358,11 +362,11 @@ def _draft_region(layout: Layout, decode, drafts, rows: RequestRows, tokens, pos
     d_tokens = np.zeros((layout.n_dec, q - 1), np.int32)
     d_parents = np.full((layout.n_dec, q - 1), -1, np.int32)
     num_draft = np.zeros(layout.n_dec, np.int32)
-    for seq in decode:
-        if seq.pending_row >= 0:
-            raise ValueError(f"request {seq.request_id!r}: drafts while its last token is still "
-                             "on the device")
-    lens = np.fromiter((len(d) for d in drafts), np.int64, nd)
+    if any(seq.pending_row >= 0 for seq in decode):
+        seq = next(seq for seq in decode if seq.pending_row >= 0)
+        raise ValueError(f"request {seq.request_id!r}: drafts while its last token is still "
+                         "on the device")
+    lens = drafts.lens
     root = np.fromiter((s.num_computed for s in decode), np.int64, nd)
     seq_rows = np.fromiter((s.row for s in decode), np.intp, nd)
     width = 1 + lens
@@ -371,14 +375,12 @@ def _draft_region(layout: Layout, decode, drafts, rows: RequestRows, tokens, pos
     of = np.repeat(np.arange(nd), width)  # request of each token
     j = np.arange(total) - first[of]  # 0: the pending token, k: draft node k - 1
     node = j > 0
-    full = [d for d in drafts if len(d)]
-    if full:
-        dep = np.concatenate([d.depths() for d in full])
-        tokens[:total][node] = d_tokens[of[node], j[node] - 1] = np.concatenate([d.tokens for d in full])
-        par = np.concatenate([d.parents for d in full])
+    if drafts.num_nodes:
+        tokens[:total][node] = d_tokens[of[node], j[node] - 1] = drafts.tokens
+        par = drafts.parents
         parents[:total][node] = par + 1  # relative to the pending token (0)
         d_parents[of[node], j[node] - 1] = par
-        positions[:total][node] = root[of[node]] + dep
+        positions[:total][node] = root[of[node]] + drafts.depths
     tokens[first] = np.fromiter((s.token_ids[s.num_computed] for s in decode), np.int32, nd)
     positions[first] = root
     pos = root[of] + j

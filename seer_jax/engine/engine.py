@@ -19,6 +19,7 @@ from collections.abc import Callable
 
 from jax.sharding import Mesh
 
+from seer_jax.drafting.draft_rows import DraftRows
 from seer_jax.engine import spec_steps
 from seer_jax.engine.batch import RequestRows, StepBatch, build_batch
 from seer_jax.engine.block_manager import BlockManager
@@ -58,11 +59,12 @@ class InFlight:
 @dataclasses.dataclass
 class StepPlan:
     """What one step will run: decode sequences, (sequence, tokens) to prefill, the decode
-    sequences' drafts (None: no speculation) and the batch laid out for the runner."""
+    sequences' drafts (`DraftRows`; None: no speculation) and the batch laid out for the
+    runner."""
 
     decode: list[Request]
     prefill: list[tuple[Request, int]]
-    drafts: list | None
+    drafts: DraftRows | None
     batch: StepBatch
 
 
@@ -270,10 +272,12 @@ class Engine:
         launched = self.runner.launch(batch, self.config.max_top_logprobs,
                                       None if prev is None else prev.launched)
         step = self.step_count
-        for seq, _ in [(s, 1) for s in decode] + prefill:
-            seq.metrics.num_steps += 1
         for seq in decode:
-            seq.metrics.decode_steps += 1
+            m = seq.metrics
+            m.num_steps += 1
+            m.decode_steps += 1
+        for seq, _ in prefill:
+            seq.metrics.num_steps += 1
         pending = []
         if plan.drafts is None:  # (a verified step's tokens advance at its commit)
             for seq, n in [(s, 1) for s in decode] + prefill:
@@ -286,7 +290,7 @@ class Engine:
         kv_counted.update((s.request_id, s.num_computed) for s, _ in prefill)
         kv_tokens = sum(s.num_computed for s in decode) + sum(s.num_computed for s, _ in prefill)
         n_pre = sum(n for _, n in prefill)
-        n_dec = sum(1 + len(d) for d in plan.drafts) if plan.drafts else len(decode)
+        n_dec = len(decode) + (plan.drafts.num_nodes if plan.drafts is not None else 0)
         stats = StepStats(step, len(decode) + len(prefill), n_dec + n_pre, n_pre, n_dec, 0.0,
                           kv_tokens, moe_dispatch=self.runner.expert_dispatch(
                               batch.layout.num_tokens))
@@ -400,7 +404,7 @@ class Engine:
                 tops = [list(zip(top[0][row, :k].tolist(), top[1][row, :k].tolist(), strict=True))]
             if seq.sampling.return_routed_experts:
                 seq.routed_experts.append(self.runner.routed_experts[row].tolist())
-            emissions.append((seq, [toks[row]], [lps[row]], tops, pos))
+            emissions.append((seq, [toks[row]], [lps[row]], tops, pos, spec_steps.UNCHECKED))
         return emissions
 
     def _accept(self, plan: StepPlan, out) -> list[tuple]:
@@ -413,14 +417,14 @@ class Engine:
                     rows = [i * q] + [i * q + 1 + n for n in acc_nodes[i, :int(n_acc[i])].tolist()]
                     seq.routed_experts.extend(self.runner.routed_experts[rows].tolist())
         emissions = spec_steps.accept(plan.decode, plan.drafts, dec_out, self.kv, self.runner,
-                                      self.spec)
+                                      self.spec, self.eos_ids)
         split = plan.batch.layout.n_dec * plan.batch.layout.q_dec
         for seq, n in plan.prefill:
             seq.num_computed += n
         for seq, row in plan.batch.rows:
             if row >= split:
                 emissions.append((seq, [int(pre[0][row - split])], [float(pre[1][row - split])], [],
-                                  -1))
+                                  -1, spec_steps.UNCHECKED))
                 if seq.sampling.return_routed_experts:
                     seq.routed_experts.append(self.runner.routed_experts[row].tolist())
         return emissions
@@ -429,14 +433,16 @@ class Engine:
         """Append emitted tokens, finish sequences (EOS, stop ids, budget), release rejected
         draft pages, register completed prompt prefixes and record the step."""
         decode, prefill, drafts = plan.decode, plan.prefill, plan.drafts
-        for seq, _ in [(s, 1) for s in decode] + prefill:
-            seq.metrics.num_steps += 1
         for seq in decode:
-            seq.metrics.decode_steps += 1
+            m = seq.metrics
+            m.num_steps += 1
+            m.decode_steps += 1
+        for seq, _ in prefill:
+            seq.metrics.num_steps += 1
         kv_tokens = sum(s.num_computed for s in decode) + sum(s.num_computed for s, _ in prefill)
         finished = self._emit(plan, emissions, self.clock(), self.step_count)
         self._register_prefixes(prefill)
-        n_dec = sum(1 + (len(d) if drafts else 0) for d in (drafts or decode))
+        n_dec = len(decode) + (drafts.num_nodes if drafts is not None else 0)
         n_pre = sum(n for _, n in prefill)
         self.step_stats.append(StepStats(
             self.step_count, len(decode) + len(prefill), n_dec + n_pre, n_pre, n_dec,
@@ -451,26 +457,29 @@ class Engine:
         token), finish requests (EOS,
         stop ids, budget), give back the pages of rejected draft nodes, take requests that
         ended out of a later step already in flight; the draft service gets the tokens.
-        emissions: (request, tokens, logprobs, top-logprob rows, reserved position)."""
+        emissions: (request, tokens, logprobs, top-logprob rows, reserved position, end
+        reason: None, "eos", "stop", "length" when the tokens were cut there already, else
+        `spec_steps.UNCHECKED`)."""
         finished, appended, ended = [], [], []
         eos, trim, S = self.eos_ids, plan.drafts is not None, self.config.page_size
-        for seq, toks_e, lps_e, tops_e, pos in emissions:
+        for seq, toks_e, lps_e, tops_e, pos, reason in emissions:
             if seq.metrics.first_token_time is None:
                 seq.metrics.first_token_time = now
-            # the first token that ends the request: EOS, a stop id, or its budget's last
-            reason, stop = None, seq.sampling.stop_token_ids
-            room = seq.max_tokens - seq.num_committed_new
-            for j, tok in enumerate(toks_e):
-                if tok in eos:
-                    reason = "eos"
-                elif tok in stop:
-                    reason = "stop"
-                elif j + 1 >= room:
-                    reason = "length"
-                else:
-                    continue
-                toks_e, lps_e, tops_e = toks_e[:j + 1], lps_e[:j + 1], tops_e[:j + 1]
-                break
+            if reason is spec_steps.UNCHECKED:
+                # the first token that ends the request: EOS, a stop id, or its budget's last
+                reason, stop = None, seq.sampling.stop_token_ids
+                room = seq.max_tokens - seq.num_committed_new
+                for j, tok in enumerate(toks_e):
+                    if tok in eos:
+                        reason = "eos"
+                    elif tok in stop:
+                        reason = "stop"
+                    elif j + 1 >= room:
+                        reason = "length"
+                    else:
+                        continue
+                    toks_e, lps_e, tops_e = toks_e[:j + 1], lps_e[:j + 1], tops_e[:j + 1]
+                    break
             if pos >= 0:
                 seq.commit_token(pos, toks_e[0], step)
             else:

@@ -183,7 +183,11 @@ class ModelRunner:
             check_kernel_shapes(self.plan, cfg, page_size=page_size,
                                 dtype_bytes=jnp.dtype(dtype).itemsize, max_seqs=max_seqs,
                                 pages_per_seq=pages_per_seq, max_tokens=max_tokens)
+        self._held_key = None  # (kv type, params, their part of an executable's key)
         self.compile_s = 0.0  # time spent compiling new step shapes
+        # CPU time the calling thread spent blocked on steps' outputs (`fetch`): waiting for the
+        # device, not host work, though the thread's CPU clock counts it
+        self.wait_cpu_s = 0.0
         self.timings = StepTimings()  # phases of the last sample/verify step
         self.rules = rules
         self.layer_weights = resolve_layer_weights(layer_weights, mesh_platform(mesh))
@@ -250,10 +254,15 @@ class ModelRunner:
         """The compiled step for these shapes: compiled ahead of time on first use (its time
         goes to `compile_s`, not to the step), shared by every runner with the same shapes and
         shardings and the same params structure (stacked or per-layer weights)."""
-        key = (fn.__name__, tuple(sorted(static.items())), tuple(sorted((k, v.shape) for k, v in dev.items())),
-               self.kv_all.shape, str(self.kv_all.dtype), str(self.kv_all.sharding),
-               tuple(sorted(d.id for d in self.kv_all.sharding.device_set)),
-               jax.tree.structure(self.params))
+        kv, params = self.kv_all, self.params
+        held, kv_type = self._held_key, (kv.shape, kv.dtype, kv.sharding)
+        if held is None or held[1] is not params or held[0] != kv_type:
+            # (what the cache and params contribute, recomputed only when they change)
+            held = self._held_key = (kv_type, params, (
+                kv.shape, str(kv.dtype), str(kv.sharding),
+                tuple(sorted(d.id for d in kv.sharding.device_set)), jax.tree.structure(params)))
+        key = (fn.__name__, tuple(sorted(static.items())),
+               tuple(sorted((k, v.shape) for k, v in dev.items())), *held[2])
         with _STEP_LOCK:
             return self._cached_executable(key, fn, dev, **static)
 
@@ -358,9 +367,10 @@ class ModelRunner:
         """A launched step's outputs on the host, in one transfer: `sample_outputs` or
         `verify_outputs` of it. Sets `timings`: device = dispatch plus waiting for the step,
         d2h = the transfer."""
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         launched.packed.block_until_ready()
         t1 = time.perf_counter()
+        self.wait_cpu_s += time.thread_time() - c0
         packed = to_host(launched.packed)
         t2 = time.perf_counter()
         self.timings = StepTimings(launched.h2d_s, launched.dispatch_s + t1 - t0, t2 - t1, t1 - t0)

@@ -14,6 +14,7 @@ import numpy as np
 
 from seer_jax.drafting.budget import SpeculationBudget
 from seer_jax.drafting.draft import Draft
+from seer_jax.drafting.draft_rows import DraftRows
 from seer_jax.drafting.service import DraftAppend, DraftQuery, InProcessDraftService
 
 
@@ -81,9 +82,10 @@ class Speculator:
         budget counts it as a step without speculation."""
         self.budget.plan(num_seqs)
 
-    def propose(self, seqs, limits: list[int]) -> list[Draft] | None:
-        """Drafts for the decode batch, or None when the budget turns speculation off.
-        limits[i]: the most draft tokens sequence i may still use (tokens left in its budget)."""
+    def propose(self, seqs, limits) -> DraftRows | None:
+        """Drafts for the decode batch (`DraftRows`, a sequence of `Draft`s), or None when the
+        budget turns speculation off. limits[i]: the most draft tokens sequence i may still use
+        (tokens left in its budget)."""
         plan = self.budget.plan(len(seqs))
         if not plan.enabled:
             return None
@@ -96,16 +98,14 @@ class Speculator:
                 DraftQuery(s.group_id, s.request_id, max_nodes=plan.max_nodes_per_request,
                            max_depth=plan.max_depth, width=plan.width) for s in seqs])
         drafts = self.budget.allocate(drafts, [s.priority for s in seqs], plan)
-        out = []
-        for d, lim in zip(drafts, limits, strict=True):
-            if len(d) and lim < plan.max_depth:
-                d = d.select(d.depths() <= lim) if lim > 0 else Draft.empty(d.match_len)
-            out.append(d)
-        return out
+        lim = np.asarray(limits, np.int64)
+        if drafts.num_nodes and (lim < plan.max_depth).any():  # deeper than a request may go
+            drafts = drafts.select(drafts.depths <= lim[drafts.row])
+        return drafts
 
-    def observe(self, drafts: list[Draft], accepted: list[int], proposed: int | None = None) -> None:
-        """A verified step: its drafts, the tokens accepted of each (proposed: the drafts'
-        nodes in all, when the caller counted them)."""
+    def observe(self, drafts, accepted: list[int], proposed: int | None = None) -> None:
+        """A verified step: its drafts (`DraftRows` or `Draft`s), the tokens accepted of each
+        (proposed: the drafts' nodes in all, when the caller counted them)."""
         self.budget.stats.observe_drafts(drafts, accepted)
         self.proposed += int(sum(len(d) for d in drafts) if proposed is None else proposed)
         self.accepted += int(sum(accepted))

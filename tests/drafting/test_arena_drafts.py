@@ -133,3 +133,43 @@ def test_token_ids_outside_the_index_range_are_refused():
             ctx.append("a", bad)
     with pytest.raises(InputError, match="token ids"):
         ctx.speculate_pattern([1, -2])
+
+
+@pytest.mark.parametrize("mode", ["group", "per_request"])
+def test_shared_arena_drafts_what_the_reference_drafts_as_groups_come_and_go(mode):
+    """One service arena for every group: closing groups and finishing requests releases their
+    automata, compaction drops their states (often here: min_dead 0) without changing any
+    live group's drafts, and closing every group returns the arena to its first size."""
+    rng = np.random.default_rng(3)
+    cfg = DraftConfig(mode=mode, own_context=True)
+    svc = InProcessDraftService(cfg)
+    svc._arena.min_dead = 0
+    refs, reqs, made = {}, {}, 0
+    for step in range(40):
+        if len(refs) < 4 and rng.random() < 0.5:  # a new group
+            g = f"g{made}"
+            made += 1
+            prompt = stream(rng, 6, int(rng.integers(1, 60)), True)
+            svc.append(g, None, prompt)
+            refs[g] = GroupDraftContext(cfg, prompt)
+            reqs[g] = [f"{g}-{i}" for i in range(int(rng.integers(1, 4)))]
+        rows = [(g, r, stream(rng, 6, int(rng.integers(1, 4)), True))
+                for g in refs for r in reqs[g]]
+        svc.append_rows(rows)
+        for g, r, t in rows:
+            refs[g].append(r, t)
+        asked = [(g, r) for g in refs for r in reqs[g]]
+        for (g, r), got in zip(asked, svc.speculate_rows(asked, 8, 6, 1 + step % 3), strict=True):
+            assert_same(refs[g].speculate(r, 8, 6, 1 + step % 3), got, (step, g, r))
+        for g in list(refs):
+            if len(reqs[g]) > 1 and rng.random() < 0.2:  # a request finishes
+                r = reqs[g].pop()
+                svc.finish_request(g, r)
+                refs[g].finish_request(r)
+            if rng.random() < 0.1:  # the group's rollout is over
+                svc.close_group(g)
+                del refs[g], reqs[g]
+    assert svc._arena.compactions > 0
+    for g in list(refs):
+        svc.close_group(g)
+    assert svc.num_states() == 0 and svc._arena.st.shape[0] == 64
