@@ -161,6 +161,24 @@ def _clone(st, ed, hk, hv, meta, au, a, q, length):
 
 
 @njit(cache=True)
+def _split(st, ed, hk, hv, meta, au, a, p, q, c, length):
+    """Clone q at `length`, redirect the c-transitions to q from p and its suffix links to the
+    clone, and make the clone q's link (making room first). Returns the arena's arrays and the
+    clone."""
+    if _full(st, ed, hk, meta, 1, st[q, NCH]):
+        st, ed, hk, hv = _room(st, ed, hk, hv, meta, 1, st[q, NCH])
+    cl = _clone(st, ed, hk, hv, meta, au, a, q, length)
+    while p != -1:
+        e = _find(hk, hv, p, c)
+        if e < 0 or ed[e, TGT] != q:
+            break
+        ed[e, TGT] = cl
+        p = st[p, LINK]
+    st[q, LINK] = cl
+    return st, ed, hk, hv, cl
+
+
+@njit(cache=True)
 def extend(st, ed, hk, hv, meta, sq, au, seqs, starts, tokens, cd):
     """Append tokens[starts[i]:starts[i + 1]] to sequence seqs[i], for each i in order
     (`SuffixAutomaton.extend`, root = the sequence's root). Returns the arena's arrays."""
@@ -176,17 +194,8 @@ def extend(st, ed, hk, hv, meta, sq, au, seqs, starts, tokens, cd):
                 if st[q, LEN] == st[last, LEN] + 1:
                     cur = q
                 else:
-                    if _full(st, ed, hk, meta, 1, st[q, NCH]):
-                        st, ed, hk, hv = _room(st, ed, hk, hv, meta, 1, st[q, NCH])
-                    cur = _clone(st, ed, hk, hv, meta, au, a, q, st[last, LEN] + 1)
-                    p = last
-                    while p != -1:
-                        e = _find(hk, hv, p, c)
-                        if e < 0 or ed[e, TGT] != q:
-                            break
-                        ed[e, TGT] = cur
-                        p = st[p, LINK]
-                    st[q, LINK] = cur
+                    st, ed, hk, hv, cur = _split(st, ed, hk, hv, meta, au, a, last, q, c,
+                                                 st[last, LEN] + 1)
             else:
                 if _full(st, ed, hk, meta, 1, 0):
                     st, ed, hk, hv = _room(st, ed, hk, hv, meta, 1, 0)
@@ -202,16 +211,8 @@ def extend(st, ed, hk, hv, meta, sq, au, seqs, starts, tokens, cd):
                     if st[p, LEN] + 1 == st[q, LEN]:
                         st[cur, LINK] = q
                     else:
-                        if _full(st, ed, hk, meta, 1, st[q, NCH]):
-                            st, ed, hk, hv = _room(st, ed, hk, hv, meta, 1, st[q, NCH])
-                        cl = _clone(st, ed, hk, hv, meta, au, a, q, st[p, LEN] + 1)
-                        while p != -1:
-                            e = _find(hk, hv, p, c)
-                            if e < 0 or ed[e, TGT] != q:
-                                break
-                            ed[e, TGT] = cl
-                            p = st[p, LINK]
-                        st[q, LINK] = cl
+                        st, ed, hk, hv, cl = _split(st, ed, hk, hv, meta, au, a, p, q, c,
+                                                    st[p, LEN] + 1)
                         st[cur, LINK] = cl
             sq[seq, LAST] = cur
             sq[seq, SEQLEN] += 1
