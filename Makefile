@@ -9,7 +9,9 @@ PIP := $(VENV)/bin/pip
 CPU_TEST_XLA_FLAGS ?= --xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0
 PYTEST := XLA_FLAGS="$(CPU_TEST_XLA_FLAGS)" $(PY) -m pytest -q -p no:cacheprovider -n 2 --dist loadgroup --max-worker-restart=0
 # compilers for TPU (libtpu) and NVIDIA GPUs (XLA:GPU, Triton, ptxas) in their own environment
-# (about 6.5 GB), pinned to the jax of the main one: the hardware compile tests run there
+# (about 2 GB), pinned to the jax of the main one: the hardware compile tests run there. Compiling
+# for a GPU without one needs the CUDA plugin and ptxas only, not the CUDA runtime libraries
+# (cuDNN, cuBLAS, NCCL, ...: 4.4 GB) that jax[cuda12] pulls in for running on one.
 HWVENV ?= .venv-hw
 HWPY := $(HWVENV)/bin/python
 
@@ -42,7 +44,8 @@ $(HWVENV)/.installed: pyproject.toml $(VENV)/.installed-base
 	$(HWVENV)/bin/pip install -q --upgrade pip
 	$(PY) -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']))" > $(HWVENV)/requirements.txt
 	jax=$$($(PY) -c "import jax; print(jax.__version__)") && \
-	  $(HWVENV)/bin/pip install -q "jax[tpu]==$$jax" "jax[cuda12]==$$jax" absl-py "pytest<9.2" pytest-xdist pytest-timeout \
+	  $(HWVENV)/bin/pip install -q "jax[tpu]==$$jax" "jax-cuda12-plugin==$$jax" \
+	  "nvidia-cuda-nvcc-cu12>=12.6.85,<13" absl-py "pytest<9.2" pytest-xdist pytest-timeout \
 	  -r $(HWVENV)/requirements.txt
 	echo "$(CURDIR)" > "$$($(HWVENV)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/seer_jax_checkout.pth"
 	touch $@
