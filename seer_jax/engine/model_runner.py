@@ -232,6 +232,13 @@ class ModelRunner:
             return jax.device_put(x.copy()) if x.dtype.itemsize <= 4 else jnp.asarray(x)
         return jax.device_put(x, self._replicated)
 
+    def step_arg(self, x: np.ndarray):
+        """A new host array that the host never writes again (packed step inputs, padded index
+        lists) as an argument of a compiled call: passed as it is, and the call transfers it
+        (cheaper than `device_input`; on the CPU the transfer may alias it, harmless for an
+        array no one writes), or replicated over a mesh that spans processes."""
+        return x if self._replicated is None else jax.device_put(x, self._replicated)
+
     def set_params(self, params: Params) -> None:
         """New weights (stacked or per layer), held as `layer_weights` says."""
         params = (split_layers(params, self.cfg) if self.layer_weights == "per_layer"
@@ -301,7 +308,7 @@ class ModelRunner:
             n = bucket(len(idx), 256)
             idx = np.pad(idx, (0, n - len(idx)), constant_values=rows.pages.size)
             val = np.pad(val, (0, n - len(val)))
-            table = self._set_entries(table, self.device_input(idx), self.device_input(val))
+            table = self._set_entries(table, self.step_arg(idx), self.step_arg(val))
         self.page_table = table
         return table
 
@@ -314,13 +321,14 @@ class ModelRunner:
         # apart on the device
         spec = tuple((k, v.shape, v.dtype.str) for k, v in arrays.items())
         flat = np.concatenate([v.reshape(-1).view(np.int32) for v in arrays.values()])
-        dev = dict(self._unpack_inputs(self.device_input(flat), spec))
+        dev = dict(self._unpack_inputs(self.step_arg(flat), spec))
         if batch.page_table is not None:
             dev["page_table"] = self.sync_page_table(batch.page_table)
         if batch.token_src is not None:
             if prev is None:
                 raise ValueError("the batch reads pending tokens of a previous step; none was given")
-            dev["tokens"] = self._merge_tokens(dev["tokens"], self.device_input(batch.token_src),
+            src = np.array(batch.token_src, np.int32)
+            dev["tokens"] = self._merge_tokens(dev["tokens"], self.step_arg(src),
                                                prev.packed)
         return dev
 
@@ -401,8 +409,8 @@ class ModelRunner:
             src = np.pad(np.asarray(src, np.int32), (0, n - len(src)))
             dst = np.pad(np.asarray(dst, np.int32), (0, n - len(dst)), constant_values=end)
             with _STEP_LOCK:
-                self.kv_all = self._move_slots(self.kv_all, self.device_input(src),
-                                               self.device_input(dst))
+                self.kv_all = self._move_slots(self.kv_all, self.step_arg(src),
+                                               self.step_arg(dst))
 
     def copy_pages(self, pairs: list[tuple[int, int]]) -> None:
         if not pairs:
