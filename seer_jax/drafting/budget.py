@@ -22,6 +22,7 @@ Per engine step with B running requests:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import pathlib
 from collections.abc import Callable, Sequence
 
@@ -158,7 +159,12 @@ def default_step_time(config: BudgetConfig, model=None) -> StepTimeFn:
     cost = RooflineCostModel(model or get_model(config.default_model),
                              get_accelerator(config.default_accelerator))
     ctx = config.context_tokens
-    return lambda b, g: cost.spec_step_time(b, g, b * ctx)
+
+    @functools.lru_cache(maxsize=4096)  # (a pure function of (B, γ), asked every step)
+    def step_time(b: int, g: int) -> float:
+        return cost.spec_step_time(b, g, b * ctx)
+
+    return step_time
 
 
 class FittedStepTime:

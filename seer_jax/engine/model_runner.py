@@ -147,6 +147,13 @@ def to_host(x: jax.Array) -> np.ndarray:
     return np.asarray(multihost_utils.process_allgather(x, tiled=True))
 
 
+def _padded(x, n: int, fill: int) -> np.ndarray:
+    """A new int32 [n] array: x, then `fill` (np.pad's result, without its Python overhead)."""
+    out = np.full(n, fill, np.int32)
+    out[:len(x)] = x
+    return out
+
+
 class ModelRunner:
     """Owns params and the paged KV cache of one engine, on one mesh slice."""
 
@@ -306,8 +313,8 @@ class ModelRunner:
         elif len(idx):
             check_unique("page table entries", idx)
             n = bucket(len(idx), 256)
-            idx = np.pad(idx, (0, n - len(idx)), constant_values=rows.pages.size)
-            val = np.pad(val, (0, n - len(val)))
+            idx = _padded(idx, n, rows.pages.size)  # (indices past the end: dropped)
+            val = _padded(val, n, 0)
             table = self._set_entries(table, self.step_arg(idx), self.step_arg(val))
         self.page_table = table
         return table
@@ -406,8 +413,7 @@ class ModelRunner:
             n = bucket(len(src), 64)
             end = self.num_pages * self.page_size
             check_unique("accepted draft slots", dst, hi=end)
-            src = np.pad(np.asarray(src, np.int32), (0, n - len(src)))
-            dst = np.pad(np.asarray(dst, np.int32), (0, n - len(dst)), constant_values=end)
+            src, dst = _padded(src, n, 0), _padded(dst, n, end)
             with _STEP_LOCK:
                 self.kv_all = self._move_slots(self.kv_all, self.step_arg(src),
                                                self.step_arg(dst))
