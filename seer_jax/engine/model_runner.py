@@ -324,11 +324,15 @@ class ModelRunner:
         page table if the batch indexes it, and the pending tokens read from `prev`'s outputs
         on the device where `batch.token_src` says so."""
         arrays = {k: np.asarray(v) for k, v in batch.arrays().items()}
-        # one transfer for the whole batch (every input is 32-bit): packed on the host, taken
-        # apart on the device
-        spec = tuple((k, v.shape, v.dtype.str) for k, v in arrays.items())
-        flat = np.concatenate([v.reshape(-1).view(np.int32) for v in arrays.values()])
-        dev = dict(self._unpack_inputs(self.step_arg(flat), spec))
+        if self._replicated is None:
+            # the batch's new host arrays, transferred by the step's own call
+            dev = dict(arrays)
+        else:
+            # one transfer for the whole batch (every input is 32-bit): packed on the host,
+            # taken apart on the device
+            spec = tuple((k, v.shape, v.dtype.str) for k, v in arrays.items())
+            flat = np.concatenate([v.reshape(-1).view(np.int32) for v in arrays.values()])
+            dev = dict(self._unpack_inputs(self.step_arg(flat), spec))
         if batch.page_table is not None:
             dev["page_table"] = self.sync_page_table(batch.page_table)
         if batch.token_src is not None:
