@@ -177,7 +177,7 @@ class RequestRows:
         self.pages = np.zeros((num_rows, max_pps), np.int32)
         self.tracking = False
         self._resized = False
-        self._log: list[tuple[np.ndarray, np.ndarray]] = []  # (flat indices, values)
+        self._log: list[tuple[int, int]] = []  # (first flat index, entries) of each write
         self._log_size = 0
         self.temperature = np.zeros(num_rows, np.float32)
         self.top_p = np.ones(num_rows, np.float32)
@@ -224,9 +224,7 @@ class RequestRows:
             if self._log_size + n > self.pages.size:  # cheaper to send the whole table
                 self._resized, self._log, self._log_size = True, [], 0
                 return
-            width = self.pages.shape[1]
-            self._log.append((np.arange(row * width + start, row * width + start + n, dtype=np.int32),
-                              np.asarray(values, np.int32)))
+            self._log.append((row * self.pages.shape[1] + start, n))
             self._log_size += n
 
     def take_updates(self) -> tuple[bool, np.ndarray, np.ndarray]:
@@ -237,7 +235,13 @@ class RequestRows:
         # an entry written twice since the last sync (a row released and taken again) is sent
         # once, with its current value: a scatter with repeated indices applies them in an
         # unspecified order on TPU/GPU
-        idx = np.unique(np.concatenate([i for i, _ in self._log])) if self._log else np.zeros(0, np.int32)
+        if self._log:
+            first, n = np.array(self._log, np.int64).T
+            # every written entry: each write's first index, then its next n - 1
+            ends = np.cumsum(n)
+            idx = np.unique(np.repeat(first - ends + n, n) + np.arange(ends[-1]))
+        else:
+            idx = np.zeros(0, np.int64)
         val = self.pages.reshape(-1)[idx]
         self._resized, self._log, self._log_size = False, [], 0
         return whole, idx.astype(np.int32), val.astype(np.int32)

@@ -50,12 +50,13 @@ def check_rows(engine):
         assert s.row >= 0
         assert rows[s.row, :len(s.pages)].tolist() == s.pages
         assert not rows[s.row, len(s.pages):].any()
-    # the runner's device copy, with the changes logged since its last sync, is the same table
+    # the runner's device copy, with the entries logged as written since its last sync (sent
+    # with their current values), is the same table
     table, log = engine.runner.page_table, engine.kv.rows._log
     if table is not None and not engine.kv.rows._resized and table.shape == rows.shape:
-        synced = np.asarray(table).reshape(-1).copy()
-        for idx, val in log:
-            synced[idx] = val
+        synced, flat = np.asarray(table).reshape(-1).copy(), rows.reshape(-1)
+        for first, n in log:
+            synced[first:first + n] = flat[first:first + n]
         assert (synced.reshape(rows.shape) == rows).all()
 
 
