@@ -94,8 +94,8 @@ class Arena:
             self.naut += 1
         self.live[a] = True
         self.num_live += 1
-        self.st, self.ed, self.ht, r = ka.new_root(
-            self.st, self.ed, self.ht, self.meta, self.au, a)
+        *arrays, r = ka.new_root(self.st, self.ed, self.ht, self.meta, self.au, a)
+        self._keep(*arrays)
         return self.new_seq((r, r, 0, 0, r, a))
 
     def release(self, seq: int) -> None:
@@ -114,8 +114,7 @@ class Arena:
 
     def compact(self) -> None:
         """Drop the states of released automata; their ids and sequences are reused."""
-        self.st, self.ed, self.ht = ka.compact(self.st, self.ed, self.meta, self.sq,
-                                                        self.nseq, self.live)
+        self._keep(*ka.compact(self.st, self.ed, self.meta, self.sq, self.nseq, self.live))
         aut = self.sq[:self.nseq, ka.AUT]
         dead = np.flatnonzero((aut >= 0) & ~self.live[np.maximum(aut, 0)])
         self.sq[dead, ka.AUT] = -1
@@ -138,9 +137,17 @@ class Arena:
         toks = _token_array(flat)
         starts = np.zeros(len(chunks) + 1, np.int64)
         np.cumsum(np.fromiter(map(len, chunks), np.int64, len(chunks)), out=starts[1:])
-        self.st, self.ed, self.ht = ka.extend(
-            self.st, self.ed, self.ht, self.meta, self.sq, self.au,
-            np.asarray(seqs, np.int64), starts, toks, self._cd)
+        self._keep(*ka.extend(self.st, self.ed, self.ht, self.meta, self.sq, self.au,
+                              np.asarray(seqs, np.int64), starts, toks, self._cd))
+
+    def _keep(self, st: np.ndarray, ed: np.ndarray, ht: np.ndarray) -> None:
+        """Hold a kernel's arrays; one it allocated (grown, compacted) is copied once into
+        numpy's memory, which asks the OS for huge pages for large arrays (numba's allocations
+        do not): the kernels' random reads of a large arena then miss the TLB far less (a third
+        of `extend`'s time at a few million states)."""
+        self.st = st if st is self.st else st.copy()
+        self.ed = ed if ed is self.ed else ed.copy()
+        self.ht = ht if ht is self.ht else ht.copy()
 
     _cd = 0  # count depth (max_match_len + 1) of the contexts using the arena
 
