@@ -11,18 +11,18 @@ from numba import njit
 
 from seer_jax.drafting.arena_kernels import (
     BEST,
+    BSTATE,
     COUNT,
-    HEAD,
     LEN,
     LINK,
     NCH,
-    NXT,
+    PRV,
     ROOT,
+    TAIL,
     TGT,
     TOK,
     TOTAL,
     _clamp,
-    _get,
     _suffix_state,
     _with_continuation,
 )
@@ -68,7 +68,7 @@ def _chain(st, ed, ht, root, state, length, max_nodes, max_depth, min_prob, cap,
         tok = st[v, BEST]
         if tok < 0:
             break
-        x = _get(ht, v, tok)
+        x = st[v, BSTATE]
         prob *= st[x, COUNT] / (st[v, TOTAL] + prior)
         if prob < min_prob:
             break
@@ -94,15 +94,16 @@ def _push_children(st, ed, root, heap_p, heap_i, hsize, order, parent, v, k, pro
         return hsize, order
     tot = st[v, TOTAL] + prior
     b = st[v, BEST]
-    m = 0  # ranked so far, by (count, is best) descending; equal keys in list order
-    e = st[v, HEAD]
+    m = 0  # ranked so far, by (count, is best) descending; equal keys in list order (the list
+    # is read from its last transition: one goes before those of equal key read so far)
+    e = st[v, TAIL]
     while e >= 0:
         t = ed[e, TOK]
         s = ed[e, TGT]
         c = st[s, COUNT]
         isb = 1 if t == b else 0
         pos = m
-        while pos > 0 and (rk_c[pos - 1] < c or (rk_c[pos - 1] == c and rk_b[pos - 1] < isb)):
+        while pos > 0 and (rk_c[pos - 1] < c or (rk_c[pos - 1] == c and rk_b[pos - 1] <= isb)):
             pos -= 1
         if pos < width:
             last = min(m, width - 1)
@@ -117,7 +118,7 @@ def _push_children(st, ed, root, heap_p, heap_i, hsize, order, parent, v, k, pro
             rk_s[pos] = s
             if m < width:
                 m += 1
-        e = ed[e, NXT]
+        e = ed[e, PRV]
     for j in range(m):
         p = prob * rk_c[j] / tot
         if p < min_prob:

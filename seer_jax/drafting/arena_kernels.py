@@ -4,11 +4,12 @@ The automata of one group's draft context, or of every group of a draft service,
 arena of arrays:
 
 - states `st` int32 [capacity, 9]: longest length, suffix link (-1 at a root), occurrence
-  count, continuation total, most frequent continuation (-1: none), first and last outgoing
-  transition, number of transitions, the automaton the state belongs to;
-- transitions `ed` int32 [capacity, 3]: token, target state, the state's next transition (its
-  transitions form a list in insertion order, the order in which a Python dict would hold them:
-  ties between equally frequent continuations are broken by it);
+  count, continuation total, most frequent continuation (-1: none) and its target state, last
+  outgoing transition, number of transitions, the automaton the state belongs to;
+- transitions `ed` int32 [capacity, 3]: token, target state, the state's previous transition
+  (-1: its first): its transitions form a list in insertion order, the order in which a Python
+  dict would hold them (ties between equally frequent continuations are broken by it), linked
+  from the last so that adding one writes no other transition;
 - a hash table `ht` int64 [power of 2, 2] from (state, token) to the transition: per slot the
   key state << 32 | token (-1: empty) and the value target << 32 | transition, side by side so
   that a lookup reads one cache line and needs no read of `ed` for the target (`_split`, which
@@ -31,10 +32,10 @@ import numpy as np
 from numba import njit
 
 # state columns
-LEN, LINK, COUNT, TOTAL, BEST, HEAD, TAIL, NCH, OWNER = range(9)
+LEN, LINK, COUNT, TOTAL, BEST, BSTATE, TAIL, NCH, OWNER = range(9)
 STATE_COLS = 9
 # transition columns
-TOK, TGT, NXT = range(3)
+TOK, TGT, PRV = range(3)
 # sequence columns
 LAST, WSTATE, WLEN, SEQLEN, ROOT, AUT = range(6)
 
@@ -123,18 +124,14 @@ def _add_edge(st, ed, ht, meta, v, c, tgt):
     meta[1] += 1
     ed[e, TOK] = c
     ed[e, TGT] = tgt
-    ed[e, NXT] = -1
-    if st[v, HEAD] < 0:
-        st[v, HEAD] = e
-    else:
-        ed[st[v, TAIL], NXT] = e
+    ed[e, PRV] = st[v, TAIL]
     st[v, TAIL] = e
     st[v, NCH] += 1
     _hash_put(ht, (np.int64(v) << 32) | np.int64(c), (np.int64(tgt) << 32) | e)
 
 
 @njit(cache=True)
-def _new_state(st, meta, au, a, length, link, count, total, best):
+def _new_state(st, meta, au, a, length, link, count, total, best, bstate):
     s = meta[0]
     meta[0] += 1
     au[a, 0] += 1
@@ -143,7 +140,7 @@ def _new_state(st, meta, au, a, length, link, count, total, best):
     st[s, COUNT] = count
     st[s, TOTAL] = total
     st[s, BEST] = best
-    st[s, HEAD] = -1
+    st[s, BSTATE] = bstate
     st[s, TAIL] = -1
     st[s, NCH] = 0
     st[s, OWNER] = a
@@ -154,7 +151,7 @@ def _new_state(st, meta, au, a, length, link, count, total, best):
 def new_root(st, ed, ht, meta, au, a):
     if _full(st, ed, ht, meta, 1, 1):
         st, ed, ht = _room(st, ed, ht, meta, 1, 1)
-    r = _new_state(st, meta, au, a, 0, -1, 0, 0, -1)
+    r = _new_state(st, meta, au, a, 0, -1, 0, 0, -1, -1)
     return st, ed, ht, r
 
 
@@ -162,11 +159,22 @@ def new_root(st, ed, ht, meta, au, a):
 def _clone(st, ed, ht, meta, au, a, q, length):
     """A new state with q's transitions (in q's order) and statistics (room for 1 state and
     q's transitions must have been made)."""
-    s = _new_state(st, meta, au, a, length, st[q, LINK], st[q, COUNT], st[q, TOTAL], st[q, BEST])
-    e = st[q, HEAD]
+    s = _new_state(st, meta, au, a, length, st[q, LINK], st[q, COUNT], st[q, TOTAL], st[q, BEST],
+                   st[q, BSTATE])
+    n = st[q, NCH]
+    e0 = meta[1]
+    meta[1] += n
+    j = e0 + n - 1  # the clone's list: q's transitions at [e0, e0 + n), filled from the last
+    e = st[q, TAIL]
     while e >= 0:
-        _add_edge(st, ed, ht, meta, s, ed[e, TOK], ed[e, TGT])
-        e = ed[e, NXT]
+        ed[j, TOK] = ed[e, TOK]
+        ed[j, TGT] = ed[e, TGT]
+        ed[j, PRV] = j - 1 if j > e0 else -1
+        _hash_put(ht, (np.int64(s) << 32) | np.int64(ed[e, TOK]), (np.int64(ed[e, TGT]) << 32) | j)
+        j -= 1
+        e = ed[e, PRV]
+    st[s, TAIL] = e0 + n - 1 if n else -1
+    st[s, NCH] = n
     return s
 
 
@@ -185,6 +193,8 @@ def _split(st, ed, ht, meta, au, a, p, q, c, length):
         e = ht[i, 1] & 0xFFFFFFFF
         ed[e, TGT] = cl
         ht[i, 1] = (np.int64(cl) << 32) | e
+        if st[p, BEST] == c:
+            st[p, BSTATE] = cl
         p = st[p, LINK]
     st[q, LINK] = cl
     return st, ed, ht, cl
@@ -211,7 +221,7 @@ def extend(st, ed, ht, meta, sq, au, seqs, starts, tokens, cd):
             else:
                 if _full(st, ed, ht, meta, 1, 1):
                     st, ed, ht = _room(st, ed, ht, meta, 1, 1)
-                cur = _new_state(st, meta, au, a, st[last, LEN] + 1, root, 0, 0, -1)
+                cur = _new_state(st, meta, au, a, st[last, LEN] + 1, root, 0, 0, -1, -1)
                 # last has no c-transition (looked up above); its suffix links until one has
                 _add_edge(st, ed, ht, meta, last, c, cur)
                 p = st[last, LINK]
@@ -275,8 +285,9 @@ def _count(st, ht, sq, seq, root, c, cd):
             need = st[st[v, LINK], LEN] + 2 if v != root else 1
             while st[x, LINK] >= 0 and st[st[x, LINK], LEN] >= need:
                 x = st[x, LINK]
-            if b < 0 or st[x, COUNT] > st[_get(ht, v, b), COUNT]:
+            if b < 0 or st[x, COUNT] > st[st[v, BSTATE], COUNT]:
                 st[v, BEST] = c
+                st[v, BSTATE] = x
         v = st[v, LINK]
 
 
@@ -313,18 +324,27 @@ def compact(st, ed, meta, sq, nseq, live):
             st2[t] = st[s]
             link = st[s, LINK]
             st2[t, LINK] = new[link] if link >= 0 else -1
-            st2[t, HEAD] = -1
-            st2[t, TAIL] = -1
-            st2[t, NCH] = 0
+            b = st[s, BSTATE]
+            st2[t, BSTATE] = new[b] if b >= 0 else -1
     meta[0] = k
     meta[1] = 0
     for s in range(ns):
         t = new[s]
         if t >= 0:
-            e = st[s, HEAD]
+            n = st[s, NCH]
+            e0 = meta[1]
+            meta[1] += n
+            j = e0 + n - 1
+            e = st[s, TAIL]
             while e >= 0:
-                _add_edge(st2, ed2, ht2, meta, t, ed[e, TOK], new[ed[e, TGT]])
-                e = ed[e, NXT]
+                tgt = new[ed[e, TGT]]
+                ed2[j, TOK] = ed[e, TOK]
+                ed2[j, TGT] = tgt
+                ed2[j, PRV] = j - 1 if j > e0 else -1
+                _hash_put(ht2, (np.int64(t) << 32) | np.int64(ed[e, TOK]), (tgt << 32) | j)
+                j -= 1
+                e = ed[e, PRV]
+            st2[t, TAIL] = e0 + n - 1 if n else -1
     for q in range(nseq):
         a = sq[q, AUT]
         if a >= 0 and live[a]:
