@@ -163,7 +163,7 @@ class Arena:
                    min_prob):
         factor = -1.0 if cfg.max_spec_factor is None else float(cfg.max_spec_factor)
         return kd.speculate(
-            self.st, self.ed, self.ht, roots, states, lens, max_nodes, max_depth,
+            self.st, self.ed, roots, states, lens, max_nodes, max_depth,
             width, min_prob, cfg.max_match_len, cfg.min_match_len, cfg.match_candidates, factor,
             float(cfg.max_spec_offset), float(cfg.prior), cfg.merge_trees)
 

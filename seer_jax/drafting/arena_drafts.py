@@ -57,7 +57,7 @@ def _f32_sum(x, lo, n):
 
 
 @njit(cache=True)
-def _chain(st, ed, ht, root, state, length, max_nodes, max_depth, min_prob, cap, prior,
+def _chain(st, ed, root, state, length, max_nodes, max_depth, min_prob, cap, prior,
            otok, opar, oprob, odep, base):
     """`draft.build_draft` with width 1, written at [base, base + n); returns n."""
     n = 0
@@ -136,7 +136,7 @@ def _push_children(st, ed, root, heap_p, heap_i, hsize, order, parent, v, k, pro
 
 
 @njit(cache=True)
-def _tree(st, ed, ht, root, state, length, max_nodes, max_depth, width, min_prob, cap,
+def _tree(st, ed, root, state, length, max_nodes, max_depth, width, min_prob, cap,
           prior, otok, opar, oprob, odep, base):
     """`draft.build_draft` with width > 1 (best-first by path probability), at
     [base, base + n); returns n."""
@@ -266,7 +266,7 @@ def suffix_states(st, sq, seqs, cap):
 
 
 @njit(cache=True)
-def speculate(st, ed, ht, roots, states, lens, max_nodes, max_depth, width, min_prob, cap,
+def speculate(st, ed, roots, states, lens, max_nodes, max_depth, width, min_prob, cap,
               min_match_len, match_candidates, factor, offset, prior, merge):
     """Drafts of many requests (`GroupDraftContext.speculate`): row i drafts from the contexts
     (roots[i, c], states[i, c], lens[i, c]) for c = 0, 1 (the group's, its own; root -1:
@@ -308,10 +308,10 @@ def speculate(st, ed, ht, roots, states, lens, max_nodes, max_depth, width, min_
                 n = 0
                 if mn > 0 and depth > 0:
                     if width[i] <= 1:
-                        n = _chain(st, ed, ht, root, state, length, mn, depth, min_prob[i],
+                        n = _chain(st, ed, root, state, length, mn, depth, min_prob[i],
                                    cap, prior, ctok, cpar, cprob, cdep, cb)
                     else:
-                        n = _tree(st, ed, ht, root, state, length, mn, depth, width[i],
+                        n = _tree(st, ed, root, state, length, mn, depth, width[i],
                                   min_prob[i], cap, prior, ctok, cpar, cprob, cdep, cb)
                 cn[nc] = n
                 cml[nc] = length

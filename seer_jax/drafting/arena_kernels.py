@@ -49,7 +49,8 @@ def _slot(key, mask):
 
 @njit(cache=True)
 def _find(ht, v, c):
-    """The hash slot of the transition (state v, token c), -1: none."""
+    """The hash slot of the transition (state v, token c); none: -1 - the free slot where it
+    would go (`_add_edge`)."""
     key = (np.int64(v) << 32) | np.int64(c)
     mask = ht.shape[0] - 1
     i = _slot(key, mask)
@@ -58,7 +59,7 @@ def _find(ht, v, c):
         if k == key:
             return i
         if k == -1:
-            return -1
+            return -1 - i
         i = (i + 1) & mask
 
 
@@ -118,8 +119,9 @@ def _empty_table(size):
 
 
 @njit(cache=True)
-def _add_edge(st, ed, ht, meta, v, c, tgt):
-    """A new transition v --c--> tgt, last in v's list (room must have been made)."""
+def _add_edge(st, ed, ht, meta, v, c, tgt, slot):
+    """A new transition v --c--> tgt, last in v's list, at its free hash slot (`_find`; room
+    must have been made)."""
     e = meta[1]
     meta[1] += 1
     ed[e, TOK] = c
@@ -127,7 +129,8 @@ def _add_edge(st, ed, ht, meta, v, c, tgt):
     ed[e, PRV] = st[v, TAIL]
     st[v, TAIL] = e
     st[v, NCH] += 1
-    _hash_put(ht, (np.int64(v) << 32) | np.int64(c), (np.int64(tgt) << 32) | e)
+    ht[slot, 0] = (np.int64(v) << 32) | np.int64(c)
+    ht[slot, 1] = (np.int64(tgt) << 32) | e
 
 
 @njit(cache=True)
@@ -211,8 +214,9 @@ def extend(st, ed, ht, meta, sq, au, seqs, starts, tokens, cd):
         for j in range(starts[i], starts[i + 1]):
             c = tokens[j]
             last = sq[seq, LAST]
-            q = _get(ht, last, c)
-            if q >= 0:
+            h = _find(ht, last, c)
+            if h >= 0:
+                q = ht[h, 1] >> 32
                 if st[q, LEN] == st[last, LEN] + 1:
                     cur = q
                 else:
@@ -221,21 +225,21 @@ def extend(st, ed, ht, meta, sq, au, seqs, starts, tokens, cd):
             else:
                 if _full(st, ed, ht, meta, 1, 1):
                     st, ed, ht = _room(st, ed, ht, meta, 1, 1)
+                    h = _find(ht, last, c)
                 cur = _new_state(st, meta, au, a, st[last, LEN] + 1, root, 0, 0, -1, -1)
                 # last has no c-transition (looked up above); its suffix links until one has
-                _add_edge(st, ed, ht, meta, last, c, cur)
+                _add_edge(st, ed, ht, meta, last, c, cur, -1 - h)
                 p = st[last, LINK]
-                i = -1
                 while p != -1:
-                    i = _find(ht, p, c)
-                    if i >= 0:
-                        break
                     if _full(st, ed, ht, meta, 0, 1):
                         st, ed, ht = _room(st, ed, ht, meta, 0, 1)
-                    _add_edge(st, ed, ht, meta, p, c, cur)
+                    h = _find(ht, p, c)
+                    if h >= 0:
+                        break
+                    _add_edge(st, ed, ht, meta, p, c, cur, -1 - h)
                     p = st[p, LINK]
                 if p != -1:
-                    q = ht[i, 1] >> 32
+                    q = ht[h, 1] >> 32
                     if st[p, LEN] + 1 == st[q, LEN]:
                         st[cur, LINK] = q
                     else:
