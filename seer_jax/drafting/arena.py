@@ -58,8 +58,7 @@ class Arena:
     def _reset(self) -> None:
         self.st = np.empty((64, ka.STATE_COLS), np.int32)
         self.ed = np.empty((64, 3), np.int32)
-        self.hk = np.full(256, -1, np.int64)
-        self.hv = np.empty(256, np.int32)
+        self.ht = np.full((256, 2), -1, np.int64)
         self.meta = np.zeros(2, np.int64)  # states, transitions in use
         self.sq = np.empty((8, 6), np.int32)
         self.au = np.zeros((4, 2), np.int64)  # per automaton: states, positions appended
@@ -95,8 +94,8 @@ class Arena:
             self.naut += 1
         self.live[a] = True
         self.num_live += 1
-        self.st, self.ed, self.hk, self.hv, r = ka.new_root(
-            self.st, self.ed, self.hk, self.hv, self.meta, self.au, a)
+        *arrays, r = ka.new_root(self.st, self.ed, self.ht, self.meta, self.au, a)
+        self._keep(*arrays)
         return self.new_seq((r, r, 0, 0, r, a))
 
     def release(self, seq: int) -> None:
@@ -115,8 +114,7 @@ class Arena:
 
     def compact(self) -> None:
         """Drop the states of released automata; their ids and sequences are reused."""
-        self.st, self.ed, self.hk, self.hv = ka.compact(self.st, self.ed, self.meta, self.sq,
-                                                        self.nseq, self.live)
+        self._keep(*ka.compact(self.st, self.ed, self.meta, self.sq, self.nseq, self.live))
         aut = self.sq[:self.nseq, ka.AUT]
         dead = np.flatnonzero((aut >= 0) & ~self.live[np.maximum(aut, 0)])
         self.sq[dead, ka.AUT] = -1
@@ -139,9 +137,17 @@ class Arena:
         toks = _token_array(flat)
         starts = np.zeros(len(chunks) + 1, np.int64)
         np.cumsum(np.fromiter(map(len, chunks), np.int64, len(chunks)), out=starts[1:])
-        self.st, self.ed, self.hk, self.hv = ka.extend(
-            self.st, self.ed, self.hk, self.hv, self.meta, self.sq, self.au,
-            np.asarray(seqs, np.int64), starts, toks, self._cd)
+        self._keep(*ka.extend(self.st, self.ed, self.ht, self.meta, self.sq, self.au,
+                              np.asarray(seqs, np.int64), starts, toks, self._cd))
+
+    def _keep(self, st: np.ndarray, ed: np.ndarray, ht: np.ndarray) -> None:
+        """Hold a kernel's arrays; one it allocated (grown, compacted) is copied once into
+        numpy's memory, which asks the OS for huge pages for large arrays (numba's allocations
+        do not): the kernels' random reads of a large arena then miss the TLB far less (a third
+        of `extend`'s time at a few million states)."""
+        self.st = st if st is self.st else st.copy()
+        self.ed = ed if ed is self.ed else ed.copy()
+        self.ht = ht if ht is self.ht else ht.copy()
 
     _cd = 0  # count depth (max_match_len + 1) of the contexts using the arena
 
@@ -157,7 +163,7 @@ class Arena:
                    min_prob):
         factor = -1.0 if cfg.max_spec_factor is None else float(cfg.max_spec_factor)
         return kd.speculate(
-            self.st, self.ed, self.hk, self.hv, roots, states, lens, max_nodes, max_depth,
+            self.st, self.ed, roots, states, lens, max_nodes, max_depth,
             width, min_prob, cfg.max_match_len, cfg.min_match_len, cfg.match_candidates, factor,
             float(cfg.max_spec_offset), float(cfg.prior), cfg.merge_trees)
 
@@ -342,7 +348,7 @@ class ArenaDraftContext:
             ar = self._arena
             root = int(ar.sq[seq, ka.ROOT])
             roots[0, c] = root
-            states[0, c], lens[0, c] = ka.match(ar.st, ar.ed, ar.hk, ar.hv, root, pat, cap,
+            states[0, c], lens[0, c] = ka.match(ar.st, ar.ht, root, pat, cap,
                                                 ar._cd)
         return self._drafts(roots, states, lens, [(request_id, max_nodes, max_depth, width,
                                                    min_prob)])[0]

@@ -11,18 +11,18 @@ from numba import njit
 
 from seer_jax.drafting.arena_kernels import (
     BEST,
+    BSTATE,
     COUNT,
-    HEAD,
     LEN,
     LINK,
     NCH,
-    NXT,
+    PRV,
     ROOT,
+    TAIL,
     TGT,
     TOK,
     TOTAL,
     _clamp,
-    _get,
     _suffix_state,
     _with_continuation,
 )
@@ -57,7 +57,7 @@ def _f32_sum(x, lo, n):
 
 
 @njit(cache=True)
-def _chain(st, ed, hk, hv, root, state, length, max_nodes, max_depth, min_prob, cap, prior,
+def _chain(st, ed, root, state, length, max_nodes, max_depth, min_prob, cap, prior,
            otok, opar, oprob, odep, base):
     """`draft.build_draft` with width 1, written at [base, base + n); returns n."""
     n = 0
@@ -68,7 +68,7 @@ def _chain(st, ed, hk, hv, root, state, length, max_nodes, max_depth, min_prob, 
         tok = st[v, BEST]
         if tok < 0:
             break
-        x = _get(st, ed, hk, hv, v, tok)
+        x = st[v, BSTATE]
         prob *= st[x, COUNT] / (st[v, TOTAL] + prior)
         if prob < min_prob:
             break
@@ -94,15 +94,16 @@ def _push_children(st, ed, root, heap_p, heap_i, hsize, order, parent, v, k, pro
         return hsize, order
     tot = st[v, TOTAL] + prior
     b = st[v, BEST]
-    m = 0  # ranked so far, by (count, is best) descending; equal keys in list order
-    e = st[v, HEAD]
+    m = 0  # ranked so far, by (count, is best) descending; equal keys in list order (the list
+    # is read from its last transition: one goes before those of equal key read so far)
+    e = st[v, TAIL]
     while e >= 0:
         t = ed[e, TOK]
         s = ed[e, TGT]
         c = st[s, COUNT]
         isb = 1 if t == b else 0
         pos = m
-        while pos > 0 and (rk_c[pos - 1] < c or (rk_c[pos - 1] == c and rk_b[pos - 1] < isb)):
+        while pos > 0 and (rk_c[pos - 1] < c or (rk_c[pos - 1] == c and rk_b[pos - 1] <= isb)):
             pos -= 1
         if pos < width:
             last = min(m, width - 1)
@@ -117,7 +118,7 @@ def _push_children(st, ed, root, heap_p, heap_i, hsize, order, parent, v, k, pro
             rk_s[pos] = s
             if m < width:
                 m += 1
-        e = ed[e, NXT]
+        e = ed[e, PRV]
     for j in range(m):
         p = prob * rk_c[j] / tot
         if p < min_prob:
@@ -135,7 +136,7 @@ def _push_children(st, ed, root, heap_p, heap_i, hsize, order, parent, v, k, pro
 
 
 @njit(cache=True)
-def _tree(st, ed, hk, hv, root, state, length, max_nodes, max_depth, width, min_prob, cap,
+def _tree(st, ed, root, state, length, max_nodes, max_depth, width, min_prob, cap,
           prior, otok, opar, oprob, odep, base):
     """`draft.build_draft` with width > 1 (best-first by path probability), at
     [base, base + n); returns n."""
@@ -265,7 +266,7 @@ def suffix_states(st, sq, seqs, cap):
 
 
 @njit(cache=True)
-def speculate(st, ed, hk, hv, roots, states, lens, max_nodes, max_depth, width, min_prob, cap,
+def speculate(st, ed, roots, states, lens, max_nodes, max_depth, width, min_prob, cap,
               min_match_len, match_candidates, factor, offset, prior, merge):
     """Drafts of many requests (`GroupDraftContext.speculate`): row i drafts from the contexts
     (roots[i, c], states[i, c], lens[i, c]) for c = 0, 1 (the group's, its own; root -1:
@@ -307,10 +308,10 @@ def speculate(st, ed, hk, hv, roots, states, lens, max_nodes, max_depth, width, 
                 n = 0
                 if mn > 0 and depth > 0:
                     if width[i] <= 1:
-                        n = _chain(st, ed, hk, hv, root, state, length, mn, depth, min_prob[i],
+                        n = _chain(st, ed, root, state, length, mn, depth, min_prob[i],
                                    cap, prior, ctok, cpar, cprob, cdep, cb)
                     else:
-                        n = _tree(st, ed, hk, hv, root, state, length, mn, depth, width[i],
+                        n = _tree(st, ed, root, state, length, mn, depth, width[i],
                                   min_prob[i], cap, prior, ctok, cpar, cprob, cdep, cb)
                 cn[nc] = n
                 cml[nc] = length
