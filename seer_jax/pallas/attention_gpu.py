@@ -120,6 +120,8 @@ def ragged_paged_attention_gpu(
 
     num_kv_splits: KV splits per (q block, head) merged afterwards; default 4 for decode-like
     batches (num_tokens <= 2 * max_seqs), else 1.
+    block_q: tokens per q block; default 16 rows of query heads for decode-like batches, 64 for
+    prefill-sized ones.
     """
     kv5, layer_arr = pool_5d(kv_pages, layer)
     num_tokens, num_q_heads, head_dim = q.shape
@@ -131,7 +133,12 @@ def ragged_paged_attention_gpu(
         raise InputError(f"GPU attention kernel cannot lower: {problem}; use impl='reference'")
     group = num_q_heads // num_kv_heads
     gp = pow2(group)
-    block_q = pow2(block_q or max(1, 16 // gp))
+    if block_q is None:
+        # 16 rows for decode-like batches (a token or a draft tree per sequence; the KV splits
+        # keep the GPU busy), 64 for prefill-sized ones: each q block reads its sequences' KV
+        # once, so a chunk's KV is read a quarter as often
+        block_q = max(1, (16 if num_tokens <= 2 * max_seqs else 64) // gp)
+    block_q = pow2(block_q)
     pages_per_block = pow2(pages_per_block or max(1, 64 // page_size))
     pages_per_block = min(pages_per_block, pow2(pages_per_seq))
     if num_kv_splits is None:
