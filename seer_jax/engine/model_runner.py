@@ -338,8 +338,8 @@ class ModelRunner:
         if batch.token_src is not None:
             if prev is None:
                 raise ValueError("the batch reads pending tokens of a previous step; none was given")
-            src = np.array(batch.token_src, np.int32)
-            dev["tokens"] = self._merge_tokens(dev["tokens"], self.step_arg(src),
+            # (a new int32 array of `build_batch`)
+            dev["tokens"] = self._merge_tokens(dev["tokens"], self.step_arg(batch.token_src),
                                                prev.packed)
         return dev
 

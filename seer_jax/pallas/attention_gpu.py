@@ -133,16 +133,17 @@ def ragged_paged_attention_gpu(
         raise InputError(f"GPU attention kernel cannot lower: {problem}; use impl='reference'")
     group = num_q_heads // num_kv_heads
     gp = pow2(group)
+    decode_like = num_tokens <= 2 * max_seqs
     if block_q is None:
         # 16 rows for decode-like batches (a token or a draft tree per sequence; the KV splits
         # keep the GPU busy), 64 for prefill-sized ones: each q block reads its sequences' KV
         # once, so a chunk's KV is read a quarter as often
-        block_q = max(1, (16 if num_tokens <= 2 * max_seqs else 64) // gp)
+        block_q = max(1, (16 if decode_like else 64) // gp)
     block_q = pow2(block_q)
     pages_per_block = pow2(pages_per_block or max(1, 64 // page_size))
     pages_per_block = min(pages_per_block, pow2(pages_per_seq))
     if num_kv_splits is None:
-        num_kv_splits = 4 if num_tokens <= 2 * max_seqs else 1
+        num_kv_splits = 4 if decode_like else 1
     scale = head_dim**-0.5 if sm_scale is None else float(sm_scale)
     q_rows, meta, kv, bad_tok, blk_lo, blk_hi, tp, gp = prepare(
         q, num_kv_heads, page_size, kv_lens, page_indices, cu_q_lens, num_seqs, tree_parents,
