@@ -70,6 +70,7 @@ from seer_jax.hardware.step import StepLimits, compile_step, step_cost  # noqa: 
 from seer_jax.hardware.targets import get_target  # noqa: E402
 from seer_jax.integrations.deploy_config import model_config, weight_bytes_per_device  # noqa: E402
 from seer_jax.model import grouped_matmul, moe  # noqa: E402
+from seer_jax.pallas.expert_gemm_gpu import BLOCK_ROWS, expert_gemm_problem  # noqa: E402
 from seer_jax.provenance import run_info  # noqa: E402
 
 CONFIGS = pathlib.Path(__file__).resolve().parents[1] / "configs"
@@ -105,6 +106,8 @@ def blocked_iterations(cfg, target: str, num_tokens: int) -> int | None:
             or num_tokens <= moe.DENSE_MAX_TOKENS):
         return None
     m = cfg.moe
+    if not expert_gemm_problem(cfg.hidden_size, m.expert_intermediate_size, BLOCK_ROWS):
+        return None  # the Pallas expert GEMM kernel: no loop, counted by its estimate
     return grouped_matmul.expected_iterations(num_tokens, m.num_experts_per_tok, m.num_experts,
                                               m.num_experts)
 

@@ -10,16 +10,23 @@ gigabytes of temporaries. `blocked_experts` computes the same sums with ordinary
      size padded up to whole blocks; padding rows hold no pair), so every block of rows belongs
      to one expert (`block_layout`). The row count is static: M pairs over L experts fill at
      most ceil(M / block) + L blocks.
-  2. experts: a loop over the used blocks, `group` blocks an iteration (a dynamic trip count:
-     the blocks the batch fills, not the static bound), gathers each block's tokens and its
-     expert's three weight matrices and runs the SwiGLU MLP as batched matmuls
-     [group, block, d] x [group, d, f]. No token is dropped: padding only adds rows.
+  2. experts: on a GPU, the Pallas (Triton) kernel `pallas.expert_gemm_gpu` (impl "pallas"):
+     one program per (block, output tile) reads its block's rows and its expert's weight tiles
+     where they lie in the stacks, blocks past the used ones skipped. Elsewhere, and for shapes
+     the kernel cannot tile (impl "xla"): a loop over the used blocks, `group` blocks an
+     iteration (a dynamic trip count: the blocks the batch fills, not the static bound), that
+     gathers each block's tokens and its expert's three weight matrices and runs the SwiGLU MLP
+     as batched matmuls [group, block, d] x [group, d, f]; XLA:GPU writes each iteration's
+     gathered weights out before its GEMMs read them (at a prefill chunk, twice the expert
+     weights' bytes a layer beside the GEMMs' own reads), which the kernel does not.
+     No token is dropped: padding only adds rows.
   3. combine: each pair reads its row back (pairs of other devices' experts read zeros) and the
      k pairs of a token are summed with their router weights in slot order (no scatter-add, so
      the sums do not depend on the order a device happens to run them in).
 
-Temporaries: one output row per block row ([blocks x block, d]) and one group's weights, instead
-of the masked GEMM's [rows, experts x d]. The flops are the routed ones plus the padding
+Temporaries: one output row per block row ([blocks x block, d]; the kernel also the expert
+hidden rows [blocks x block, f]) and, in the loop, one group's weights, instead of the masked
+GEMM's [rows, experts x d]. The flops are the routed ones plus the padding
 (under one block per local expert).
 """
 
@@ -30,6 +37,8 @@ import math
 
 import jax
 import jax.numpy as jnp
+
+from seer_jax.pallas import expert_gemm_gpu
 
 # rows per block (one expert's) and blocks per loop iteration on GPU: 256-row blocks pad an
 # expert's group by at most 255 rows (at a prefill chunk's 512 rows per expert, under half a
@@ -57,22 +66,28 @@ def static_iterations(iterations: int):
         _STATIC_ITERATIONS.pop()
 
 
-def expected_iterations(num_tokens: int, k: int, num_experts: int, num_local: int,
-                        block: int = BLOCK_ROWS, group: int = GROUP_BLOCKS) -> int:
-    """The loop iterations `blocked_experts` runs on one device for `num_tokens` tokens choosing
+def expected_blocks(num_tokens: int, k: int, num_experts: int, num_local: int,
+                    block: int = BLOCK_ROWS) -> float:
+    """The blocks `block_layout` fills on average on one device for `num_tokens` tokens choosing
     k of `num_experts` experts uniformly: its `num_local` experts' groups are
-    Binomial(num_tokens, k / num_experts) pairs each, each padded to whole blocks, `group`
-    blocks an iteration (the expected blocks, rounded up)."""
+    Binomial(num_tokens, k / num_experts) pairs each, each padded to whole blocks."""
     n, p = num_tokens, k / num_experts
     if p >= 1:
-        blocks = -(-n // block)
-    else:
-        # E[ceil(X / block)] for X ~ Binomial(n, p), summed in log space
-        log_q, log_p = math.log1p(-p), math.log(p)
-        blocks = sum(math.exp(math.lgamma(n + 1) - math.lgamma(x + 1) - math.lgamma(n - x + 1)
+        return num_local * -(-n // block)
+    # E[ceil(X / block)] for X ~ Binomial(n, p), summed in log space
+    log_q, log_p = math.log1p(-p), math.log(p)
+    per_expert = sum(math.exp(math.lgamma(n + 1) - math.lgamma(x + 1) - math.lgamma(n - x + 1)
                               + x * log_p + (n - x) * log_q) * -(-x // block)
                      for x in range(n + 1))
-    return -(-math.ceil(num_local * blocks - 1e-9) // group)
+    return num_local * per_expert
+
+
+def expected_iterations(num_tokens: int, k: int, num_experts: int, num_local: int,
+                        block: int = BLOCK_ROWS, group: int = GROUP_BLOCKS) -> int:
+    """The loop iterations `blocked_experts` runs on one device (`expected_blocks`, rounded up
+    to whole groups of `group` blocks)."""
+    blocks = expected_blocks(num_tokens, k, num_experts, num_local, block)
+    return -(-math.ceil(blocks - 1e-9) // group)
 
 
 def sort_by_expert(ids_nk: jax.Array, num_experts: int) -> tuple[jax.Array, jax.Array]:
@@ -134,22 +149,56 @@ def block_layout(ids_m: jax.Array, first: int | jax.Array, num_local: int, num_r
 
 def blocked_experts(x_nd: jax.Array, weights_nk: jax.Array, ids_nk: jax.Array,
                     w_gate: jax.Array, w_up: jax.Array, w_down: jax.Array,
-                    first: int | jax.Array = 0, block: int = BLOCK_ROWS,
-                    group: int = GROUP_BLOCKS) -> jax.Array:
+                    first: int | jax.Array = 0, block: int | None = None,
+                    group: int = GROUP_BLOCKS, *, impl: str = "xla",
+                    num_experts: int | None = None) -> jax.Array:
     """Sum over each token's chosen experts among experts first .. first + len(w_gate) of
-    weight * expert(x), float32 [N, d] (zero for tokens that chose none of them)."""
+    weight * expert(x), float32 [N, d] (zero for tokens that chose none of them).
+
+    impl "xla": the loop of batched matmuls (`block` rows a block, default BLOCK_ROWS, `group`
+    blocks an iteration); "pallas": the GPU kernel (`pallas.expert_gemm_gpu`, weights read in
+    place; `block` defaults to `block_rows_for` the rows an expert receives on average); "interpret": that kernel in Pallas's
+    interpret mode (any backend, for tests). num_experts: the experts the router chose among
+    (default the local ones), for the kernel's cost estimate."""
+    if impl not in ("xla", "pallas", "interpret"):
+        raise ValueError(f"blocked_experts impl={impl!r}: want 'xla', 'pallas' or 'interpret'")
     x_nd, w_gate, w_up, w_down = map(jnp.asarray, (x_nd, w_gate, w_up, w_down))
     N, k = ids_nk.shape
     d = x_nd.shape[1]
     num_local = w_gate.shape[0]
     M = N * k
-    nb = num_blocks(M, num_local, block, group)
+    kernel = impl != "xla"
+    if block is None and kernel:
+        block = expert_gemm_gpu.block_rows_for(N * k / (num_experts or num_local))
+    elif block is None:
+        block = BLOCK_ROWS
+    nb = num_blocks(M, num_local, block, 1 if kernel else group)
     R = nb * block
     row_of_pair, pair_of_row, block_expert, used = block_layout(
         ids_nk.reshape(-1), first, num_local, R, block)
     # the token of each row; padding rows read a zero row appended after the tokens
     x_pad = jnp.concatenate([x_nd, jnp.zeros((1, d), x_nd.dtype)])
     token_of_row = jnp.where(pair_of_row < M, pair_of_row // k, N)
+    if kernel:
+        y = expert_gemm_gpu.expert_swiglu_gpu(
+            x_pad[token_of_row], block_expert, used, w_gate, w_up, w_down, block_rows=block,
+            expected_blocks=expected_blocks(N, k, num_experts or num_local, num_local, block),
+            interpret=impl == "interpret")
+    else:
+        y = _blocked_loop(x_pad, token_of_row, block_expert, used, w_gate, w_up, w_down,
+                          block, group)
+    # the pairs of other devices' experts take zeros (and rows of unused blocks are never read)
+    local = (row_of_pair < R)[:, None]
+    y_nkd = jnp.where(local, y[jnp.minimum(row_of_pair, R - 1)], 0).reshape(N, k, d)
+    return jnp.sum(y_nkd.astype(jnp.float32) * weights_nk[:, :, None], axis=1)
+
+
+def _blocked_loop(x_pad, token_of_row, block_expert, used, w_gate, w_up, w_down, block, group):
+    """The "xla" formulation: a loop over the used blocks, `group` an iteration, each gathering
+    its tokens and its experts' weights for batched matmuls -> [R, d]."""
+    R = token_of_row.shape[0]
+    d = x_pad.shape[1]
+    nb = R // block
     rows_per_iter = group * block
 
     def body(i, y):
@@ -166,13 +215,9 @@ def blocked_experts(x_nd: jax.Array, weights_nk: jax.Array, ids_nk: jax.Array,
     # the loop's buffer is filled from the tokens (its rows past the used blocks are never
     # read): a constant would let XLA:GPU schedule every layer's buffer at the start of the
     # step, all of them live at once (a layer's 8,192-token chunk: 0.33 GiB each on H100)
-    y = jnp.broadcast_to(x_nd[0, 0], (R, d))
+    y = jnp.broadcast_to(x_pad[0, 0], (R, d))
     if _STATIC_ITERATIONS:  # the analysis variant: a static trip count, unrolled
         for i in range(min(_STATIC_ITERATIONS[-1], nb // group)):
             y = body(i, y)
-    else:
-        y = jax.lax.fori_loop(0, iters, body, y)
-    # the pairs of other devices' experts take zeros
-    local = (row_of_pair < R)[:, None]
-    y_nkd = jnp.where(local, y[jnp.minimum(row_of_pair, R - 1)], 0).reshape(N, k, d)
-    return jnp.sum(y_nkd.astype(jnp.float32) * weights_nk[:, :, None], axis=1)
+        return y
+    return jax.lax.fori_loop(0, iters, body, y)

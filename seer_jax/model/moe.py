@@ -32,8 +32,9 @@ tokens) choose no expert (id `num_experts`), so a batch of 1 in a bucket of 8 ro
 only its own token's experts, and no grouped matmul or all-to-all carries a padding row.
 Larger batches (prefill, verify) and the CPU
 keep the grouped ragged_dot on TPU and CPU; GPUs run `grouped_matmul.blocked_experts` (rows sorted
-into blocks each owned by one expert, batched matmuls over the blocks: XLA:GPU's masked-GEMM
-ragged_dot would need gigabytes of temporaries at a prefill chunk). Parameters of one MoE layer (keys of a layer's params, `MOE_KEYS`):
+into blocks each owned by one expert, the Pallas expert GEMM kernel over the blocks reading the
+weights in place: XLA:GPU's masked-GEMM ragged_dot would need gigabytes of temporaries at a
+prefill chunk). Parameters of one MoE layer (keys of a layer's params, `MOE_KEYS`):
   router      [embed, experts]               float32 logits
   router_bias [experts]                      the choice's score correction (sigmoid routers)
   we_gate, we_up [experts, embed, moe_mlp]; we_down [experts, moe_mlp, embed]
@@ -53,6 +54,7 @@ from jax.sharding import PartitionSpec as P
 from seer_jax.model.grouped_matmul import blocked_experts, inverse_permutation, sort_by_expert
 from seer_jax.model.moe_config import MoeConfig
 from seer_jax.model.moe_dispatch import all_to_all_experts, dispatch_bytes
+from seer_jax.pallas.expert_gemm_gpu import BLOCK_ROWS, expert_gemm_problem
 
 EP_AXIS = "tp"
 
@@ -161,6 +163,14 @@ def use_blocked_experts(num_tokens: int, mesh: Mesh | None) -> bool:
     return _platform(mesh) in ("gpu", "cuda", "rocm")
 
 
+def blocked_impl(w_gate: jax.Array) -> str:
+    """`grouped_matmul.blocked_experts`'s formulation on a GPU for these expert weights: the
+    Pallas kernel ("pallas") where it can tile their shapes, else the loop of batched matmuls
+    ("xla")."""
+    d, f = w_gate.shape[-2:]
+    return "xla" if expert_gemm_problem(d, f, BLOCK_ROWS) else "pallas"
+
+
 def dense_experts(x_nd: jax.Array, weights_nk: jax.Array, ids_nk: jax.Array, w_gate: jax.Array,
                   w_up: jax.Array, w_down: jax.Array, first: int | jax.Array = 0) -> jax.Array:
     """Sum over each token's chosen experts among experts first.. first + len(w_gate) of
@@ -258,7 +268,8 @@ def expert_rows(x_md: jax.Array, lid_m: jax.Array, w_gate: jax.Array, w_up: jax.
     local = w_gate.shape[0]
     if blocked:
         ones = jnp.ones((M, 1), jnp.float32)
-        return blocked_experts(x_md, ones, lid_m[:, None], w_gate, w_up, w_down).astype(x_md.dtype)
+        return blocked_experts(x_md, ones, lid_m[:, None], w_gate, w_up, w_down,
+                               impl=blocked_impl(w_gate)).astype(x_md.dtype)
     mine = (lid_m >= 0) & (lid_m < local)
     order, sizes = sort_by_expert(jnp.where(mine, lid_m, local)[:, None], local + 1)
     y = expert_mlp(x_md[order], sizes[:local], w_gate, w_up, w_down)
@@ -290,7 +301,9 @@ def routed_experts_ep(x_nd: jax.Array, weights_nk: jax.Array, ids_nk: jax.Array,
             return jax.lax.psum(local_experts(x, w, ids, w_gate, w_up, w_down, first,
                                               num_experts), EP_AXIS)
         if blocked:
-            return jax.lax.psum(blocked_experts(x, w, ids, w_gate, w_up, w_down, first), EP_AXIS)
+            return jax.lax.psum(blocked_experts(x, w, ids, w_gate, w_up, w_down, first,
+                                                impl=blocked_impl(w_gate),
+                                                num_experts=num_experts), EP_AXIS)
         order, sizes = sort_by_expert(ids, num_experts + 1)  # no expert: last
         start = jnp.sum(jnp.where(jnp.arange(num_experts + 1) < first, sizes, 0))
         local_sizes = jax.lax.dynamic_slice_in_dim(sizes, first, local)
@@ -327,7 +340,7 @@ def moe_mlp(h_nd: jax.Array, lp: dict[str, Any], moe: MoeConfig, mesh: Mesh | No
                             lp["we_down"]).astype(h_nd.dtype)
     elif use_blocked_experts(h_nd.shape[0], mesh):
         out = blocked_experts(h_nd, weights, run_ids, lp["we_gate"], lp["we_up"],
-                              lp["we_down"]).astype(h_nd.dtype)
+                              lp["we_down"], impl=blocked_impl(lp["we_gate"])).astype(h_nd.dtype)
     else:
         out = routed_experts(h_nd, weights, run_ids, lp)
     if moe.shared_intermediate_size:

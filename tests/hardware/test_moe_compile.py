@@ -2,10 +2,12 @@
 v5e, v5p, v6e and H100 at the MoE deployment configs' per-slice shapes (experts split over tp):
 a decode-sized batch (every local expert over every token, `moe.dense_experts`; at batch 1 only
 the chosen experts, `moe.sparse_experts`, whose bytes are checked) and a
-prefill-sized one (TPU: the grouped `ragged_dot`; GPU: `grouped_matmul.blocked_experts`), with
+prefill-sized one (TPU: the grouped `ragged_dot`; GPU: `grouped_matmul.blocked_experts` with the
+Pallas expert GEMM kernel, `pallas.expert_gemm_gpu`), with
 the router, the dispatch (psum over tp, or the ragged all-to-all where it sends fewer bytes:
-top-8 over 8 or 16 devices) and the combine. The blocked grouped matmul alone compiles for
-every target at those shapes too."""
+top-8 over 8 or 16 devices) and the combine. The blocked grouped matmul's loop of batched
+matmuls alone compiles for every target at those shapes too, and the kernel alone for H100 at
+every slice's shapes."""
 
 import jax
 import jax.numpy as jnp
@@ -76,12 +78,14 @@ def test_expert_mlp_compiles(model, target, tp, tokens):
         return
     # prefill-sized: the ragged all-to-all where tp >= 8 (top-8), else the psum
     assert ("ragged-all-to-all" in text) == (tp >= 8)
-    # TPU: the grouped ragged_dot; GPU: the blocked grouped matmul (a loop of batched GEMMs, no
-    # masked dense GEMM over every local expert): temporaries of a few buffers of the
-    # (token, expert) rows, where the masked GEMM's are local experts x those rows (16 GiB at
-    # H100 tp2)
+    # TPU: the grouped ragged_dot; GPU: the blocked grouped matmul's Pallas kernels (Triton
+    # calls, no loop gathering expert weights, no masked dense GEMM over every local expert):
+    # temporaries of a few buffers of the (token, expert) rows, where the masked GEMM's are
+    # local experts x those rows (16 GiB at H100 tp2)
     assert ("ragged-dot" in text) == (not gpu)
     if gpu:
+        assert "seer_expert_gate_up_gpu" in text and "seer_expert_down_gpu" in text
+        assert "while" not in text
         assert compiled.memory_analysis().temp_size_in_bytes < 4 * _row_bytes(model, tokens)
 
 
@@ -125,4 +129,40 @@ def test_blocked_grouped_matmul_compiles(model, target, tp):
         ((local, d, f), jnp.bfloat16), ((local, d, f), jnp.bfloat16), ((local, f, d), jnp.bfloat16))]
     compiled = jax.jit(blocked_experts).lower(*args).compile()
     assert "while" in _text(compiled, target)
+    assert compiled.memory_analysis().temp_size_in_bytes < 4 * _row_bytes(model, tokens)
+
+
+@pytest.mark.parametrize("model,tp", [
+    pytest.param(m, tp, id=f"{m}-tp{tp}") for m, tp in (("qwen3-30b-a3b", 2),
+                                                        ("qwen3-235b-a22b", 8))])
+@pytest.mark.parametrize("tokens", [2048, 8192])
+def test_expert_gemm_kernel_compiles(model, tp, tokens):
+    """The Pallas expert GEMM kernels (Triton, through ptxas) at one H100 slice's experts over a
+    prefill chunk, with the block rows the engine picks; their estimates count the expert
+    weights once per expected block and the flops of the padded rows."""
+    from seer_jax.model.grouped_matmul import expected_blocks
+    from seer_jax.pallas import cost_estimates
+    from seer_jax.pallas.expert_gemm_gpu import block_rows_for
+
+    require_compiler("h100")
+    d, E, k, f = MODELS[model]
+    local = E // tp
+    sharding = jax.sharding.SingleDeviceSharding(devices("h100", 1)[0])
+    args = [jax.ShapeDtypeStruct(s, t, sharding=sharding) for s, t in (
+        ((tokens, d), jnp.bfloat16), ((tokens, k), jnp.float32), ((tokens, k), jnp.int32),
+        ((local, d, f), jnp.bfloat16), ((local, d, f), jnp.bfloat16), ((local, f, d), jnp.bfloat16))]
+    with cost_estimates.collect() as got:
+        lowered = jax.jit(lambda *a: blocked_experts(*a, impl="pallas", num_experts=E)).lower(*args)
+    compiled = lowered.compile()
+    text = _text(compiled, "h100")
+    assert "while" not in text and text.count("__gpu$xla.gpu.triton") == 2
+    block = block_rows_for(tokens * k / E)
+    blocks = expected_blocks(tokens, k, E, local, block)
+    est = {g.kernel: g for g in got}
+    weights = blocks * 3 * d * f * 2
+    assert (est["seer_expert_gate_up_gpu"].bytes_accessed
+            + est["seer_expert_down_gpu"].bytes_accessed) == pytest.approx(
+        weights + blocks * block * (2 * d + 2 * f) * 2, rel=1e-6)
+    assert est["seer_expert_gate_up_gpu"].flops == pytest.approx(
+        2 * blocks * block * d * f * 2, rel=1e-6)
     assert compiled.memory_analysis().temp_size_in_bytes < 4 * _row_bytes(model, tokens)

@@ -106,3 +106,73 @@ def test_expected_iterations_and_the_static_analysis_variant():
     with static_iterations(need):
         out = np.asarray(jax.jit(lambda *a: blocked_experts(x, w, ids, *a, 0, 4, 2))(*weights))
     np.testing.assert_allclose(out, ref, atol=1e-5, rtol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_expert_gemm_kernel_equals_the_ragged_dot(dtype):
+    """The GPU expert GEMM kernel (Pallas interpret mode) over the block layout gives the grouped
+    ragged_dot's sums: one device, and the experts split over 4 devices (the parts sum to the
+    whole); blocks of 16 rows (skewed routing: experts of several blocks and of none)."""
+    import jax.numpy as jnp
+
+    x, w, ids, lp = _problem(N=37, k=3, E=8, d=32, f=48, skew=True)
+    ref = np.asarray(routed_experts(x, w, ids, lp))
+    weights = tuple(jnp.asarray(lp[n], dtype) for n in ("we_gate", "we_up", "we_down"))
+    xd = jnp.asarray(x, dtype)
+    run = jax.jit(lambda first, *ws: blocked_experts(xd, w, ids, *ws, first, 16,
+                                                     impl="interpret", num_experts=8))
+    tol = 1e-4 if dtype == "float32" else 0.02
+    scale = np.abs(ref).max()
+    np.testing.assert_allclose(np.asarray(run(0, *weights)) / scale, ref / scale, atol=tol)
+    parts = sum(np.asarray(run(s, *(a[s:s + 2] for a in weights))) for s in (0, 2, 4, 6))
+    np.testing.assert_allclose(parts / scale, ref / scale, atol=tol)
+
+
+def test_moe_mlp_on_the_kernel_path_equals_the_ragged_dot(monkeypatch):
+    """The MoE MLP routed through the blocked path with the GPU kernel (interpret mode, its
+    default block rows) equals the ragged_dot's."""
+    from seer_jax.model import moe as moe_module
+
+    moe = MoeConfig(num_experts=8, num_experts_per_tok=2, expert_intermediate_size=32,
+                    norm_topk_prob=True)
+    cfg = tiny_config(architecture="Qwen3MoeForCausalLM", qk_norm=True, num_layers=1, moe=moe)
+    lp = split_layers(init_params(cfg, seed=5), cfg)["layers"][0]
+    lp = {k: v for k, v in lp.items() if k in MOE_AXES}
+    x = np.random.RandomState(1).randn(40, cfg.hidden_size).astype(np.float32)
+    ref, _ = moe_mlp(x, lp, moe)
+    assert moe_module.blocked_impl(lp["we_gate"]) == "pallas"
+    monkeypatch.setattr(moe_module, "use_blocked_experts", lambda n, m: True)
+    monkeypatch.setattr(moe_module, "blocked_impl", lambda w: "interpret")
+    out, _ = jax.jit(lambda x, lp: moe_mlp(x, lp, moe))(x, lp)
+    np.testing.assert_allclose(np.asarray(out), np.asarray(ref), atol=1e-5, rtol=0)
+
+
+def test_expert_gemm_shapes_it_cannot_tile_are_refused():
+    """A hidden size with no power-of-two tile of at least 16 keeps the loop of batched matmuls
+    (`blocked_impl`), and the kernel itself refuses it naming the dimension."""
+    import jax.numpy as jnp
+
+    from seer_jax.errors import InputError
+    from seer_jax.model.moe import blocked_impl
+    from seer_jax.pallas.expert_gemm_gpu import block_rows_for, expert_swiglu_gpu
+
+    assert blocked_impl(np.zeros((4, 24, 32), np.float32)) == "xla"
+    assert blocked_impl(np.zeros((4, 2048, 768), np.float32)) == "pallas"
+    with pytest.raises(InputError, match="hidden_size=24"):
+        expert_swiglu_gpu(jnp.zeros((32, 24)), jnp.zeros((2,), jnp.int32), 1,
+                          jnp.zeros((4, 24, 32)), jnp.zeros((4, 24, 32)), jnp.zeros((4, 32, 24)),
+                          block_rows=16, interpret=True)
+    # block rows: 64 for a small batch, one block for most experts at a 2,048-token chunk
+    # (128 pairs an expert on average), 256 at most
+    assert [block_rows_for(m) for m in (2, 40, 128, 512)] == [64, 64, 256, 256]
+
+
+def test_expected_blocks_match_a_monte_carlo():
+    from seer_jax.model.grouped_matmul import expected_blocks
+
+    rs = np.random.RandomState(2)
+    N, k, E, block = 200, 2, 16, 16
+    used = [sum(-(-s // block) for s in np.bincount(
+        np.stack([rs.choice(E, k, replace=False) for _ in range(N)]).reshape(-1), minlength=E))
+        for _ in range(200)]
+    assert abs(expected_blocks(N, k, E, E, block) - np.mean(used)) < 0.02 * np.mean(used)

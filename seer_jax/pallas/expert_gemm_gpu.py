@@ -1,0 +1,185 @@
+"""GPU Pallas (Triton lowering) expert SwiGLU over expert-owned row blocks, weights read in place.
+
+The rows arrive in the layout `grouped_matmul.block_layout` makes: blocks of `block_rows` rows,
+each owned by one expert (`block_expert[b]`, a local index), the used blocks first (`used`, a
+scalar: the blocks past it hold no pair). Two calls:
+
+  gate/up: grid (blocks, f / block_n). A program of a used block reads its expert's id, then
+      loops over the hidden dim in `block_k` slices: the rows' slice and the expert's gate and up
+      tiles, read where they lie in the [E, d, f] stacks (no copy of an expert out of the
+      stack), into two float32 accumulators; it writes silu(gate) * up in the rows' dtype.
+  down: grid (blocks, d / block_n), the same over the expert hidden dim into [rows, d].
+
+A program past `used` does nothing (`pl.when`); its output rows are never read. No row is dropped:
+the layout pads an expert's rows up to whole blocks, the padding rows are zeros.
+
+The cost estimate counts each block's GEMMs as XLA's cost analysis counts a GEMM it emits: every
+operand and the output once (a block's rows, its expert's weight matrices and its output rows
+once per block, so an expert with two blocks counts its weights twice), over the blocks the
+caller expects to be used (uniform routing's average, `grouped_matmul.expected_blocks`), since
+the used count is data.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as pltriton
+
+from seer_jax.errors import InputError
+from seer_jax.pallas.cost_estimates import expert_gemm_cost
+
+# tiles: 64-wide slices of the contraction and 8 warps; a block's rows times the output tile
+# kept to 32K float32 accumulators (the gate/up program holds two), the register footprint of the
+# Triton matmul tutorial's 128 x 256 H100 tile (128 per thread at 8 warps); three pipeline stages
+# of at most 48 KB of shared memory each. Block rows from 64 to 256 (`block_rows_for`). Untuned
+# without a GPU.
+BLOCK_ROWS = 128
+MAX_BLOCK_ROWS = 256
+ACCUMULATORS = 32 * 1024
+BLOCK_K = 64
+MIN_TILE = 16  # Triton's smallest dot dimension
+
+
+def block_rows_for(mean_rows: float) -> int:
+    """Rows per block for experts receiving `mean_rows` rows on average: a power of two from 64
+    to 256 holding 1.5 times the mean, so most experts fill one block (their weights read once)
+    while a small batch pads little."""
+    want = max(64, 1.5 * mean_rows)
+    return min(MAX_BLOCK_ROWS, 1 << math.ceil(math.log2(want)))
+
+
+def _tile(dim: int, preferred: int) -> int | None:
+    """The largest power of two <= preferred dividing `dim`, at least MIN_TILE (None: none)."""
+    t = preferred
+    while t >= MIN_TILE:
+        if dim % t == 0:
+            return t
+        t //= 2
+    return None
+
+
+def expert_gemm_problem(hidden: int, expert_hidden: int, block_rows: int) -> str | None:
+    """Why the kernel cannot serve these shapes (None: it can)."""
+    if block_rows < MIN_TILE or block_rows > MAX_BLOCK_ROWS or block_rows & (block_rows - 1):
+        return (f"block_rows={block_rows} is not a power of two from {MIN_TILE} to "
+                f"{MAX_BLOCK_ROWS}")
+    for name, dim in (("hidden_size", hidden), ("expert intermediate size", expert_hidden)):
+        if _tile(dim, BLOCK_K) is None:
+            return f"{name}={dim} has no power-of-two tile >= {MIN_TILE} dividing it"
+    return None
+
+
+def _dot(a, b):
+    # bf16 operands: tensor-core dots accumulating in float32; float32 ones at full precision
+    return pltriton.dot(a, b, allow_tf32=False if a.dtype == jnp.float32 else None)
+
+
+def _gate_up_kernel(x_ref, be_ref, used_ref, wg_ref, wu_ref, h_ref, *, block_k: int):
+    b = pl.program_id(0)
+
+    @pl.when(b < used_ref[0])
+    def _():
+        e = be_ref[b]
+        rows, d = x_ref.shape
+        bn = h_ref.shape[1]
+
+        def step(i, acc):
+            g, u = acc
+            xk = x_ref[:, pl.ds(i * block_k, block_k)]
+            g = g + _dot(xk, wg_ref[e, pl.ds(i * block_k, block_k), :])
+            u = u + _dot(xk, wu_ref[e, pl.ds(i * block_k, block_k), :])
+            return g, u
+
+        zero = jnp.zeros((rows, bn), jnp.float32)
+        g, u = jax.lax.fori_loop(0, d // block_k, step, (zero, zero))
+        h_ref[...] = (g * jax.nn.sigmoid(g) * u).astype(h_ref.dtype)
+
+
+def _down_kernel(h_ref, be_ref, used_ref, wd_ref, y_ref, *, block_k: int):
+    b = pl.program_id(0)
+
+    @pl.when(b < used_ref[0])
+    def _():
+        e = be_ref[b]
+        rows, f = h_ref.shape
+
+        def step(i, acc):
+            return acc + _dot(h_ref[:, pl.ds(i * block_k, block_k)],
+                              wd_ref[e, pl.ds(i * block_k, block_k), :])
+
+        acc = jax.lax.fori_loop(0, f // block_k, step,
+                                jnp.zeros((rows, y_ref.shape[1]), jnp.float32))
+        y_ref[...] = acc.astype(y_ref.dtype)
+
+
+def expert_swiglu_gpu(x_rd: jax.Array, block_expert: jax.Array, used: jax.Array,
+                      w_gate: jax.Array, w_up: jax.Array, w_down: jax.Array, *,
+                      block_rows: int = BLOCK_ROWS, expected_blocks: float | None = None,
+                      interpret: bool = False, num_warps: int = 8,
+                      num_stages: int = 3) -> jax.Array:
+    """SwiGLU of each row by its block's expert: [R, d] rows (R = blocks * block_rows) ->
+    [R, d] in the rows' dtype (rows of blocks past `used`: unspecified).
+
+    block_expert [R / block_rows] int32 local expert of each block; used: scalar int32, the blocks
+    in use (the first ones); w_gate, w_up [E, d, f], w_down [E, f, d] (read in place).
+    expected_blocks: the used blocks the cost estimate assumes (default: all)."""
+    R, d = x_rd.shape
+    E, _, f = w_gate.shape
+    problem = expert_gemm_problem(d, f, block_rows)
+    if problem:
+        raise InputError(f"GPU expert GEMM kernel cannot lower: {problem}")
+    if R % block_rows:
+        raise InputError(f"rows={R} is not a multiple of block_rows={block_rows}")
+    if w_up.shape != (E, d, f) or w_down.shape != (E, f, d):
+        raise InputError(f"expert weights disagree: gate {w_gate.shape}, up {w_up.shape}, "
+                         f"down {w_down.shape} (want [E, d, f], [E, d, f], [E, f, d])")
+    nb = R // block_rows
+    if block_expert.shape != (nb,):
+        raise InputError(f"block_expert has shape {block_expert.shape}, want ({nb},)")
+    blocks = nb if expected_blocks is None else min(float(expected_blocks), nb)
+    be = block_expert.astype(jnp.int32)
+    used_arr = jnp.reshape(used, (1,)).astype(jnp.int32)
+    params = pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages)
+    full = lambda shape: pl.BlockSpec(shape, lambda b, n: (0,) * len(shape))
+
+    bn, bk = _tile(f, ACCUMULATORS // (2 * block_rows)), _tile(d, BLOCK_K)
+    h = pl.pallas_call(
+        functools.partial(_gate_up_kernel, block_k=bk),
+        grid=(nb, f // bn),
+        in_specs=[pl.BlockSpec((block_rows, d), lambda b, n: (b, 0)),
+                  full((nb,)), full((1,)),
+                  pl.BlockSpec((E, d, bn), lambda b, n: (0, 0, n)),
+                  pl.BlockSpec((E, d, bn), lambda b, n: (0, 0, n))],
+        out_specs=pl.BlockSpec((block_rows, bn), lambda b, n: (b, n)),
+        out_shape=jax.ShapeDtypeStruct((R, f), x_rd.dtype),
+        compiler_params=params,
+        cost_estimate=expert_gemm_cost(
+            blocks=blocks, block_rows=block_rows, k_dim=d, n_dim=f, matrices=2,
+            in_bytes=x_rd.dtype.itemsize, w_bytes=w_gate.dtype.itemsize,
+            out_bytes=x_rd.dtype.itemsize, kernel="seer_expert_gate_up_gpu"),
+        interpret=interpret,
+        name="seer_expert_gate_up_gpu",
+    )(x_rd, be, used_arr, w_gate, w_up)
+
+    bn, bk = _tile(d, ACCUMULATORS // block_rows), _tile(f, BLOCK_K)
+    return pl.pallas_call(
+        functools.partial(_down_kernel, block_k=bk),
+        grid=(nb, d // bn),
+        in_specs=[pl.BlockSpec((block_rows, f), lambda b, n: (b, 0)),
+                  full((nb,)), full((1,)),
+                  pl.BlockSpec((E, f, bn), lambda b, n: (0, 0, n))],
+        out_specs=pl.BlockSpec((block_rows, bn), lambda b, n: (b, n)),
+        out_shape=jax.ShapeDtypeStruct((R, d), x_rd.dtype),
+        compiler_params=params,
+        cost_estimate=expert_gemm_cost(
+            blocks=blocks, block_rows=block_rows, k_dim=f, n_dim=d, matrices=1,
+            in_bytes=x_rd.dtype.itemsize, w_bytes=w_down.dtype.itemsize,
+            out_bytes=x_rd.dtype.itemsize, kernel="seer_expert_down_gpu"),
+        interpret=interpret,
+        name="seer_expert_down_gpu",
+    )(h, be, used_arr, w_down)
