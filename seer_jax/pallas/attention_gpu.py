@@ -110,7 +110,7 @@ def ragged_paged_attention_gpu(
     block_q: int | None = None,
     pages_per_block: int | None = None,
     num_kv_splits: int | None = None,
-    num_warps: int = 4,
+    num_warps: int | None = None,
     num_stages: int = 2,
     layer: jax.Array | int | None = None,
 ) -> jax.Array:
@@ -120,8 +120,9 @@ def ragged_paged_attention_gpu(
 
     num_kv_splits: KV splits per (q block, head) merged afterwards; default 4 for decode-like
     batches (num_tokens <= 2 * max_seqs), else 1.
-    block_q: tokens per q block; default 16 rows of query heads for decode-like batches, 64 for
+    block_q: tokens per q block; default 16 rows of query heads for decode-like batches, 128 for
     prefill-sized ones.
+    num_warps: default 8 for q blocks of 128 rows or more, else 4.
     """
     kv5, layer_arr = pool_5d(kv_pages, layer)
     num_tokens, num_q_heads, head_dim = q.shape
@@ -136,10 +137,15 @@ def ragged_paged_attention_gpu(
     decode_like = num_tokens <= 2 * max_seqs
     if block_q is None:
         # 16 rows for decode-like batches (a token or a draft tree per sequence; the KV splits
-        # keep the GPU busy), 64 for prefill-sized ones: each q block reads its sequences' KV
-        # once, so a chunk's KV is read a quarter as often
-        block_q = max(1, (16 if decode_like else 64) // gp)
+        # keep the GPU busy), 128 for prefill-sized ones: each q block reads its sequences' KV
+        # once, so a chunk's KV is read an eighth as often (the FlashAttention-2 Triton tile:
+        # 128 query rows, 8 warps, a [128, D] float32 accumulator; 64 rows for heads wider than
+        # 128, whose accumulator and q tile would not stay in registers)
+        prefill_rows = 128 if head_dim <= 128 else 64
+        block_q = max(1, (16 if decode_like else prefill_rows) // gp)
     block_q = pow2(block_q)
+    if num_warps is None:
+        num_warps = 8 if block_q * gp >= 128 else 4
     pages_per_block = pow2(pages_per_block or max(1, 64 // page_size))
     pages_per_block = min(pages_per_block, pow2(pages_per_seq))
     if num_kv_splits is None:
