@@ -201,7 +201,8 @@ def ragged_paged_attention_gpu(
             num_tokens=num_tokens, num_q_heads=num_q_heads, num_kv_heads=num_kv_heads,
             head_dim=head_dim, dtype_bytes=kv5.dtype.itemsize, q_bytes=q.dtype.itemsize,
             max_seqs=max_seqs, pages_per_seq=pages_per_seq, page_size=page_size,
-            total_pages=total_pages, block_q=block_q, kernel="seer_ragged_paged_attention_gpu"),
+            total_pages=total_pages, block_q=block_q, kv_block=pages_per_block * page_size,
+            kernel="seer_ragged_paged_attention_gpu"),
         interpret=interpret,
         name="seer_ragged_paged_attention_gpu",
     )(q_rows, meta, kv5, kv5, layer_arr, pages, kv, cu, blk_lo, blk_hi)

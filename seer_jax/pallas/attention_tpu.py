@@ -264,7 +264,8 @@ def ragged_paged_attention_tpu(
             num_tokens=num_tokens, num_q_heads=num_q_heads, num_kv_heads=num_kv_heads,
             head_dim=head_dim, dtype_bytes=dtype_bytes, q_bytes=q.dtype.itemsize,
             max_seqs=max_seqs, pages_per_seq=pages_per_seq, page_size=page_size,
-            total_pages=total_pages, block_q=block_q, kernel="seer_ragged_paged_attention_tpu"),
+            total_pages=total_pages, block_q=block_q, kv_block=kv_blk,
+            kernel="seer_ragged_paged_attention_tpu"),
         interpret=pltpu.InterpretParams() if interpret else False,
         name="seer_ragged_paged_attention_tpu",
     )(

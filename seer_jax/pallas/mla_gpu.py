@@ -190,7 +190,7 @@ def mla_attention_gpu(
             num_tokens=num_tokens, num_heads=num_heads, kv_lora_rank=rank, rope_dim=rope_dim,
             dtype_bytes=pool.dtype.itemsize, max_seqs=max_seqs, pages_per_seq=pages_per_seq,
             page_size=page_size, total_pages=total_pages, block_q=block_q,
-            kernel="seer_mla_attention_gpu"),
+            kv_block=pages_per_block * page_size, kernel="seer_mla_attention_gpu"),
         interpret=interpret,
         name="seer_mla_attention_gpu",
     )(ql_rows, qr_rows, meta, pool, pool, layer_arr, pages, kv, cu, blk_lo, blk_hi)

@@ -188,7 +188,7 @@ def mla_attention_tpu(
             num_tokens=num_tokens, num_heads=num_heads, kv_lora_rank=rank, rope_dim=rope_dim,
             dtype_bytes=dtype_bytes, max_seqs=max_seqs, pages_per_seq=pages_per_seq,
             page_size=page_size, total_pages=total_pages, block_q=block_q,
-            kernel="seer_mla_attention_tpu"),
+            kv_block=pages_per_block * page_size, kernel="seer_mla_attention_tpu"),
         interpret=pltpu.InterpretParams() if interpret else False,
         name="seer_mla_attention_tpu",
     )(
