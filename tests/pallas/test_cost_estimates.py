@@ -29,7 +29,6 @@ def _kernel_reads(q_lens, kv_lens, block_q, kv_block):
 def test_kv_bound_covers_every_split_of_the_queries(num_tokens, max_seqs, pages_per_seq, block_q):
     page, kv_block = 16, 64
     T = pages_per_seq * page
-    total_pages = max_seqs * pages_per_seq
     bound = causal_kv_reads(num_tokens=num_tokens, max_seqs=max_seqs, table=T,
                             block_q=block_q, kv_block=kv_block)
     rs = np.random.RandomState(num_tokens + max_seqs)
