@@ -6,7 +6,8 @@ sequence overlapping the q block, the split's share of the KV blocks the causal 
 read page-by-page through the page table (a gathered load of `pages_per_block` pages), with an
 online softmax in registers. Each split writes its un-normalised accumulator and (m, l); the
 wrapper merges the splits (split-K / flash-decoding), which keeps the GPU busy for decode batches
-where there are few q blocks. q, K and V stay in the cache dtype for the tensor cores (bf16 dots
+where there are few q blocks. With one split (prefill-sized batches) the kernel writes the
+normalised output in q's dtype and there is nothing to merge. q, K and V stay in the cache dtype for the tensor cores (bf16 dots
 accumulate in f32; f32 caches use full-precision dots, no TF32). The pool may be one layer
 [P, S, 2 * Hkv, D] or the whole cache [L, P, S, 2 * Hkv, D] (see `kv_layout`) with a layer index
 read inside the kernel, so the engine's layer scan never slices a layer out; a program reads its
@@ -97,7 +98,9 @@ def _kernel(
         jnp.zeros((rows,), jnp.float32),
     )
     o, m, den = jax.lax.fori_loop(blk_lo_ref[b], blk_hi_ref[b], per_seq, init)
-    o_ref[...] = o
+    if num_splits == 1:  # nothing to merge: the normalised output in q's dtype
+        o = o / jnp.where(den > 0, den, 1.0)[:, None]
+    o_ref[...] = o.astype(o_ref.dtype)
     m_out_ref[...] = m
     l_out_ref[...] = den
 
@@ -192,7 +195,8 @@ def ragged_paged_attention_gpu(
             pl.BlockSpec((None, None, rows), lambda b, h, s: (s, h, b)),
         ],
         out_shape=[
-            jax.ShapeDtypeStruct((num_kv_splits, num_kv_heads, n_rows, head_dim), jnp.float32),
+            jax.ShapeDtypeStruct((num_kv_splits, num_kv_heads, n_rows, head_dim),
+                                 q.dtype if num_kv_splits == 1 else jnp.float32),
             jax.ShapeDtypeStruct((num_kv_splits, num_kv_heads, n_rows), jnp.float32),
             jax.ShapeDtypeStruct((num_kv_splits, num_kv_heads, n_rows), jnp.float32),
         ],
@@ -206,6 +210,8 @@ def ragged_paged_attention_gpu(
         interpret=interpret,
         name="seer_ragged_paged_attention_gpu",
     )(q_rows, meta, kv5, kv5, layer_arr, pages, kv, cu, blk_lo, blk_hi)
+    if num_kv_splits == 1:
+        return unfold(o[0], num_tokens, num_q_heads, group, gp, bad_tok, q.dtype)
     # Merge the KV splits.
     m_all = jnp.max(m, axis=0)
     w = jnp.exp(m - m_all[None])
