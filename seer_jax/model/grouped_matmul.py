@@ -176,15 +176,17 @@ def blocked_experts(x_nd: jax.Array, weights_nk: jax.Array, ids_nk: jax.Array,
     R = nb * block
     row_of_pair, pair_of_row, block_expert, used = block_layout(
         ids_nk.reshape(-1), first, num_local, R, block)
-    # the token of each row; padding rows read a zero row appended after the tokens
-    x_pad = jnp.concatenate([x_nd, jnp.zeros((1, d), x_nd.dtype)])
+    # the token of each row (N: a padding row)
     token_of_row = jnp.where(pair_of_row < M, pair_of_row // k, N)
     if kernel:
         y = expert_gemm_gpu.expert_swiglu_gpu(
-            x_pad[token_of_row], block_expert, used, w_gate, w_up, w_down, block_rows=block,
+            x_nd, token_of_row, block_expert, used, w_gate, w_up, w_down, block_rows=block,
             expected_blocks=expected_blocks(N, k, num_experts or num_local, num_local, block),
+            expected_rows=M * num_local / (num_experts or num_local),
             interpret=impl == "interpret")
     else:
+        # padding rows read a zero row appended after the tokens
+        x_pad = jnp.concatenate([x_nd, jnp.zeros((1, d), x_nd.dtype)])
         y = _blocked_loop(x_pad, token_of_row, block_expert, used, w_gate, w_up, w_down,
                           block, group)
     # the pairs of other devices' experts take zeros (and rows of unused blocks are never read)

@@ -108,14 +108,15 @@ def attention_cost(*, num_tokens: int, num_q_heads: int, num_kv_heads: int, head
                                    bytes_accessed=kv_bytes + q_out_bytes), kernel)
 
 
-def expert_gemm_cost(*, blocks: float, block_rows: int, k_dim: int, n_dim: int, matrices: int,
-                     in_bytes: int, w_bytes: int, out_bytes: int, kernel: str) -> pl.CostEstimate:
-    """`blocks` row blocks of `block_rows` rows, each times `matrices` [k_dim, n_dim] weight
-    matrices of its expert: every block's rows, its expert's matrices and its output rows counted
-    once (as XLA counts a GEMM's operands)."""
-    rows = blocks * block_rows
+def expert_gemm_cost(*, blocks: float, block_rows: int, rows: float, k_dim: int, n_dim: int,
+                     matrices: int, in_bytes: int, w_bytes: int, out_bytes: int,
+                     kernel: str) -> pl.CostEstimate:
+    """`blocks` row blocks of `block_rows` rows holding `rows` real rows (the rest padding, which
+    the kernel masks: no memory access), each block times `matrices` [k_dim, n_dim] weight
+    matrices of its expert: the real rows read and their outputs written once, each block's
+    expert matrices read once (as XLA counts a GEMM's operands); flops over whole blocks."""
     return _record(pl.CostEstimate(
-        flops=int(2 * rows * k_dim * n_dim * matrices),
+        flops=int(2 * blocks * block_rows * k_dim * n_dim * matrices),
         transcendentals=int(rows * n_dim) if matrices == 2 else 0,
         bytes_accessed=int(rows * k_dim * in_bytes + blocks * matrices * k_dim * n_dim * w_bytes
                            + rows * n_dim * out_bytes)), kernel)

@@ -4,19 +4,22 @@ The rows arrive in the layout `grouped_matmul.block_layout` makes: blocks of `bl
 each owned by one expert (`block_expert[b]`, a local index), the used blocks first (`used`, a
 scalar: the blocks past it hold no pair). Two calls:
 
-  gate/up: grid (blocks, f / block_n). A program of a used block reads its expert's id, then
-      loops over the hidden dim in `block_k` slices: the rows' slice and the expert's gate and up
-      tiles, read where they lie in the [E, d, f] stacks (no copy of an expert out of the
+  gate/up: grid (blocks, f / block_n). A program of a used block reads its expert's id and its
+      rows' token indices, then loops over the hidden dim in `block_k` slices: the rows' slice
+      gathered from the tokens by index (no permuted copy of the tokens is written) and the
+      expert's gate and up tiles, read where they lie in the [E, d, f] stacks (no copy of an expert out of the
       stack), into two float32 accumulators; it writes silu(gate) * up in the rows' dtype.
   down: grid (blocks, d / block_n), the same over the expert hidden dim into [rows, d].
 
 A program past `used` does nothing (`pl.when`); its output rows are never read. No row is dropped:
-the layout pads an expert's rows up to whole blocks, the padding rows are zeros.
+the layout pads an expert's rows up to whole blocks; the padding rows' loads and stores are
+masked (no memory access; they compute as zeros), and the outputs of padding rows are
+unspecified (never read). Interpret mode gathers the tokens without the mask (same values).
 
 The cost estimate counts each block's GEMMs as XLA's cost analysis counts a GEMM it emits: every
-operand and the output once (a block's rows, its expert's weight matrices and its output rows
-once per block, so an expert with two blocks counts its weights twice), over the blocks the
-caller expects to be used (uniform routing's average, `grouped_matmul.expected_blocks`), since
+operand and the output once (a block's real rows, its expert's weight matrices and its output
+rows once per block, so an expert with two blocks counts its weights twice), over the blocks and
+rows the caller expects (uniform routing's averages, `grouped_matmul.expected_blocks`), since
 the used count is data.
 """
 
@@ -79,56 +82,76 @@ def _dot(a, b):
     return pltriton.dot(a, b, allow_tf32=False if a.dtype == jnp.float32 else None)
 
 
-def _gate_up_kernel(x_ref, be_ref, used_ref, wg_ref, wu_ref, h_ref, *, block_k: int):
+def _gate_up_kernel(tok_ref, x_ref, be_ref, used_ref, wg_ref, wu_ref, h_ref, *, block_k: int,
+                    masked_gather: bool):
     b = pl.program_id(0)
 
     @pl.when(b < used_ref[0])
     def _():
         e = be_ref[b]
-        rows, d = x_ref.shape
-        bn = h_ref.shape[1]
+        num_tokens, d = x_ref.shape
+        rows, bn = h_ref.shape
+        # the block's rows gathered from the tokens by index (no permuted copy of them); padding
+        # rows (token index num_tokens) are masked: no memory is read or written for them
+        tok = tok_ref[...]
+        real = (tok < num_tokens)[:, None]
+        tok = jnp.minimum(tok, num_tokens - 1)
 
         def step(i, acc):
             g, u = acc
-            xk = x_ref[:, pl.ds(i * block_k, block_k)]
+            if masked_gather:
+                xk = pltriton.load(x_ref.at[tok, pl.ds(i * block_k, block_k)],
+                                   mask=jnp.broadcast_to(real, (rows, block_k)), other=0)
+            else:  # interpret mode gathers without a mask (same values)
+                xk = x_ref[tok, pl.ds(i * block_k, block_k)]
+                xk = jnp.where(real, xk, jnp.zeros_like(xk))
             g = g + _dot(xk, wg_ref[e, pl.ds(i * block_k, block_k), :])
             u = u + _dot(xk, wu_ref[e, pl.ds(i * block_k, block_k), :])
             return g, u
 
         zero = jnp.zeros((rows, bn), jnp.float32)
         g, u = jax.lax.fori_loop(0, d // block_k, step, (zero, zero))
-        h_ref[...] = (g * jax.nn.sigmoid(g) * u).astype(h_ref.dtype)
+        pltriton.store(h_ref, (g * jax.nn.sigmoid(g) * u).astype(h_ref.dtype),
+                       mask=jnp.broadcast_to(real, (rows, bn)))
 
 
-def _down_kernel(h_ref, be_ref, used_ref, wd_ref, y_ref, *, block_k: int):
+def _down_kernel(tok_ref, h_ref, be_ref, used_ref, wd_ref, y_ref, *, block_k: int,
+                 num_tokens: int):
     b = pl.program_id(0)
 
     @pl.when(b < used_ref[0])
     def _():
         e = be_ref[b]
         rows, f = h_ref.shape
+        real = (tok_ref[...] < num_tokens)[:, None]
 
         def step(i, acc):
-            return acc + _dot(h_ref[:, pl.ds(i * block_k, block_k)],
-                              wd_ref[e, pl.ds(i * block_k, block_k), :])
+            hk = pltriton.load(h_ref.at[:, pl.ds(i * block_k, block_k)],
+                               mask=jnp.broadcast_to(real, (rows, block_k)), other=0)
+            return acc + _dot(hk, wd_ref[e, pl.ds(i * block_k, block_k), :])
 
         acc = jax.lax.fori_loop(0, f // block_k, step,
                                 jnp.zeros((rows, y_ref.shape[1]), jnp.float32))
-        y_ref[...] = acc.astype(y_ref.dtype)
+        pltriton.store(y_ref, acc.astype(y_ref.dtype),
+                       mask=jnp.broadcast_to(real, (rows, y_ref.shape[1])))
 
 
-def expert_swiglu_gpu(x_rd: jax.Array, block_expert: jax.Array, used: jax.Array,
-                      w_gate: jax.Array, w_up: jax.Array, w_down: jax.Array, *,
+def expert_swiglu_gpu(x_nd: jax.Array, token_of_row: jax.Array, block_expert: jax.Array,
+                      used: jax.Array, w_gate: jax.Array, w_up: jax.Array, w_down: jax.Array, *,
                       block_rows: int = BLOCK_ROWS, expected_blocks: float | None = None,
+                      expected_rows: float | None = None,
                       interpret: bool = False, num_warps: int = 8,
                       num_stages: int = 3) -> jax.Array:
-    """SwiGLU of each row by its block's expert: [R, d] rows (R = blocks * block_rows) ->
-    [R, d] in the rows' dtype (rows of blocks past `used`: unspecified).
+    """SwiGLU of each row by its block's expert -> [R, d] in the tokens' dtype (R = blocks *
+    block_rows; rows of blocks past `used`: unspecified; padding rows: zeros).
 
+    x_nd [N, d] the tokens; token_of_row [R] int32 the token of each row (N: a padding row);
     block_expert [R / block_rows] int32 local expert of each block; used: scalar int32, the blocks
     in use (the first ones); w_gate, w_up [E, d, f], w_down [E, f, d] (read in place).
-    expected_blocks: the used blocks the cost estimate assumes (default: all)."""
-    R, d = x_rd.shape
+    expected_blocks, expected_rows: the used blocks and the real (non-padding) rows in them the
+    cost estimate assumes (default: every block, every row)."""
+    (R,) = token_of_row.shape
+    d = x_nd.shape[1]
     E, _, f = w_gate.shape
     problem = expert_gemm_problem(d, f, block_rows)
     if problem:
@@ -142,44 +165,49 @@ def expert_swiglu_gpu(x_rd: jax.Array, block_expert: jax.Array, used: jax.Array,
     if block_expert.shape != (nb,):
         raise InputError(f"block_expert has shape {block_expert.shape}, want ({nb},)")
     blocks = nb if expected_blocks is None else min(float(expected_blocks), nb)
+    rows = blocks * block_rows if expected_rows is None else min(float(expected_rows),
+                                                                 blocks * block_rows)
     be = block_expert.astype(jnp.int32)
+    tok = token_of_row.astype(jnp.int32)
     used_arr = jnp.reshape(used, (1,)).astype(jnp.int32)
     params = pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages)
     full = lambda shape: pl.BlockSpec(shape, lambda b, n: (0,) * len(shape))
 
     bn, bk = _tile(f, ACCUMULATORS // (2 * block_rows)), _tile(d, BLOCK_K)
     h = pl.pallas_call(
-        functools.partial(_gate_up_kernel, block_k=bk),
+        functools.partial(_gate_up_kernel, block_k=bk, masked_gather=not interpret),
         grid=(nb, f // bn),
-        in_specs=[pl.BlockSpec((block_rows, d), lambda b, n: (b, 0)),
+        in_specs=[pl.BlockSpec((block_rows,), lambda b, n: (b,)),
+                  full(x_nd.shape),
                   full((nb,)), full((1,)),
                   pl.BlockSpec((E, d, bn), lambda b, n: (0, 0, n)),
                   pl.BlockSpec((E, d, bn), lambda b, n: (0, 0, n))],
         out_specs=pl.BlockSpec((block_rows, bn), lambda b, n: (b, n)),
-        out_shape=jax.ShapeDtypeStruct((R, f), x_rd.dtype),
+        out_shape=jax.ShapeDtypeStruct((R, f), x_nd.dtype),
         compiler_params=params,
         cost_estimate=expert_gemm_cost(
-            blocks=blocks, block_rows=block_rows, k_dim=d, n_dim=f, matrices=2,
-            in_bytes=x_rd.dtype.itemsize, w_bytes=w_gate.dtype.itemsize,
-            out_bytes=x_rd.dtype.itemsize, kernel="seer_expert_gate_up_gpu"),
+            blocks=blocks, block_rows=block_rows, rows=rows, k_dim=d, n_dim=f, matrices=2,
+            in_bytes=x_nd.dtype.itemsize, w_bytes=w_gate.dtype.itemsize,
+            out_bytes=x_nd.dtype.itemsize, kernel="seer_expert_gate_up_gpu"),
         interpret=interpret,
         name="seer_expert_gate_up_gpu",
-    )(x_rd, be, used_arr, w_gate, w_up)
+    )(tok, x_nd, be, used_arr, w_gate, w_up)
 
     bn, bk = _tile(d, ACCUMULATORS // block_rows), _tile(f, BLOCK_K)
     return pl.pallas_call(
-        functools.partial(_down_kernel, block_k=bk),
+        functools.partial(_down_kernel, block_k=bk, num_tokens=x_nd.shape[0]),
         grid=(nb, d // bn),
-        in_specs=[pl.BlockSpec((block_rows, f), lambda b, n: (b, 0)),
+        in_specs=[pl.BlockSpec((block_rows,), lambda b, n: (b,)),
+                  pl.BlockSpec((block_rows, f), lambda b, n: (b, 0)),
                   full((nb,)), full((1,)),
                   pl.BlockSpec((E, f, bn), lambda b, n: (0, 0, n))],
         out_specs=pl.BlockSpec((block_rows, bn), lambda b, n: (b, n)),
-        out_shape=jax.ShapeDtypeStruct((R, d), x_rd.dtype),
+        out_shape=jax.ShapeDtypeStruct((R, d), x_nd.dtype),
         compiler_params=params,
         cost_estimate=expert_gemm_cost(
-            blocks=blocks, block_rows=block_rows, k_dim=f, n_dim=d, matrices=1,
-            in_bytes=x_rd.dtype.itemsize, w_bytes=w_down.dtype.itemsize,
-            out_bytes=x_rd.dtype.itemsize, kernel="seer_expert_down_gpu"),
+            blocks=blocks, block_rows=block_rows, rows=rows, k_dim=f, n_dim=d, matrices=1,
+            in_bytes=x_nd.dtype.itemsize, w_bytes=w_down.dtype.itemsize,
+            out_bytes=x_nd.dtype.itemsize, kernel="seer_expert_down_gpu"),
         interpret=interpret,
         name="seer_expert_down_gpu",
-    )(h, be, used_arr, w_down)
+    )(tok, h, be, used_arr, w_down)

@@ -159,7 +159,8 @@ def test_expert_gemm_shapes_it_cannot_tile_are_refused():
     assert blocked_impl(np.zeros((4, 24, 32), np.float32)) == "xla"
     assert blocked_impl(np.zeros((4, 2048, 768), np.float32)) == "pallas"
     with pytest.raises(InputError, match="hidden_size=24"):
-        expert_swiglu_gpu(jnp.zeros((32, 24)), jnp.zeros((2,), jnp.int32), 1,
+        expert_swiglu_gpu(jnp.zeros((8, 24)), jnp.zeros((32,), jnp.int32),
+                          jnp.zeros((2,), jnp.int32), 1,
                           jnp.zeros((4, 24, 32)), jnp.zeros((4, 24, 32)), jnp.zeros((4, 32, 24)),
                           block_rows=16, interpret=True)
     # block rows: 64 for a small batch, one block for most experts at a 2,048-token chunk
