@@ -54,6 +54,7 @@ from jax.sharding import PartitionSpec as P
 from seer_jax.model.grouped_matmul import blocked_experts, inverse_permutation, sort_by_expert
 from seer_jax.model.moe_config import MoeConfig
 from seer_jax.model.moe_dispatch import all_to_all_experts, dispatch_bytes
+from seer_jax.pallas import expert_gemm_gpu
 from seer_jax.pallas.expert_gemm_gpu import BLOCK_ROWS, expert_gemm_problem
 
 EP_AXIS = "tp"
@@ -198,13 +199,20 @@ def use_sparse_experts(num_tokens: int, k: int, num_experts: int) -> bool:
 
 
 def sparse_experts(x_nd: jax.Array, weights_nk: jax.Array, ids_nk: jax.Array, w_gate: jax.Array,
-                   w_up: jax.Array, w_down: jax.Array, first: int | jax.Array = 0) -> jax.Array:
+                   w_up: jax.Array, w_down: jax.Array, first: int | jax.Array = 0,
+                   impl: str = "xla", num_experts: int | None = None) -> jax.Array:
     """`dense_experts` reading only the experts the tokens chose, float32 [N, d]: the distinct
     chosen experts among first.. first + len(w_gate), sorted and padded to a static
     min(N*k, local) slots, each slot one expert over the N tokens (its weights sliced out of the
     stack) scaled by the router weights and added; a padding slot runs nothing (`lax.cond`), so
     no weights are read for it. The slots unroll (the compilers' cost analysis counts a loop
-    body once)."""
+    body once).
+
+    impl "pallas" (GPU) / "interpret": the slots are the row blocks of the expert GEMM kernel
+    (`pallas.expert_gemm_gpu`), each block the N tokens (padded to 16 rows, masked) through its
+    slot's expert, weights read in place, the padding slots skipped; XLA:GPU would copy each
+    slot's expert out of the stack before its GEMMs (or, for one row, write a weight-sized
+    product out and reduce it)."""
     local = w_gate.shape[0]
     N, k = ids_nk.shape
     lid = ids_nk - first
@@ -214,6 +222,21 @@ def sparse_experts(x_nd: jax.Array, weights_nk: jax.Array, ids_nk: jax.Array, w_
     # [N, slots]: each token's router weight for the slot's expert (0: not chosen)
     combine = jnp.sum(jnp.where(lid[:, :, None] == chosen[None, None, :],
                                 weights_nk[:, :, None], 0.0), axis=1)
+    if impl != "xla":
+        rows = max(expert_gemm_gpu.MIN_TILE, 1 << (N - 1).bit_length())
+        token_of_row = jnp.tile(jnp.where(jnp.arange(rows) < N, jnp.arange(rows), N), slots)
+        # a local expert is hit by one of N tokens choosing k of num_experts with probability
+        # 1 - (1 - k / num_experts)^N
+        hit = 1 - (1 - k / max(k, num_experts or local)) ** N
+        y = expert_gemm_gpu.expert_swiglu_gpu(
+            x_nd, token_of_row, jnp.minimum(chosen, local - 1),
+            jnp.sum(chosen < local, dtype=jnp.int32), w_gate, w_up, w_down, block_rows=rows,
+            expected_blocks=min(slots, local * hit), expected_rows=min(slots, local * hit) * N,
+            interpret=impl == "interpret")
+        y = y.reshape(slots, rows, -1)[:, :N].astype(jnp.float32)  # [slots, N, d]
+        # padding slots' rows are unspecified: dropped by the where, not multiplied by zero
+        return jnp.sum(jnp.where((chosen < local)[:, None, None],
+                                 y * combine.T[:, :, None], 0.0), axis=0)
     out = jnp.zeros((N, x_nd.shape[1]), jnp.float32)
 
     def run(e, c_n, out):
@@ -230,14 +253,21 @@ def sparse_experts(x_nd: jax.Array, weights_nk: jax.Array, ids_nk: jax.Array, w_
 
 def local_experts(x_nd: jax.Array, weights_nk: jax.Array, ids_nk: jax.Array, w_gate: jax.Array,
                   w_up: jax.Array, w_down: jax.Array, first: int | jax.Array = 0,
-                  num_experts: int | None = None) -> jax.Array:
+                  num_experts: int | None = None, impl: str = "xla") -> jax.Array:
     """A decode-sized batch's experts among first.. first + len(w_gate) (float32 [N, d]):
-    `sparse_experts` where the batch hits few of the `num_experts` (default: the local ones),
-    else `dense_experts`."""
+    `sparse_experts` (through the expert GEMM kernel where `impl` says so) where the batch hits
+    few of the `num_experts` (default: the local ones), else `dense_experts`."""
     N, k = ids_nk.shape
     if use_sparse_experts(N, k, num_experts or w_gate.shape[0]):
-        return sparse_experts(x_nd, weights_nk, ids_nk, w_gate, w_up, w_down, first)
+        return sparse_experts(x_nd, weights_nk, ids_nk, w_gate, w_up, w_down, first, impl,
+                              num_experts)
     return dense_experts(x_nd, weights_nk, ids_nk, w_gate, w_up, w_down, first)
+
+
+def kernel_impl(mesh: Mesh | None, w_gate: jax.Array) -> str:
+    """How a GPU runs the expert GEMMs of `sparse_experts` and `blocked_experts`: "pallas" on a
+    GPU where the kernel tiles these weights (`blocked_impl`), else "xla"."""
+    return blocked_impl(w_gate) if use_blocked_experts(0, mesh) else "xla"
 
 
 def expert_parallel(mesh: Mesh | None, num_experts: int) -> int:
@@ -299,7 +329,7 @@ def routed_experts_ep(x_nd: jax.Array, weights_nk: jax.Array, ids_nk: jax.Array,
         first = shard * local
         if dense:
             return jax.lax.psum(local_experts(x, w, ids, w_gate, w_up, w_down, first,
-                                              num_experts), EP_AXIS)
+                                              num_experts, kernel_impl(mesh, w_gate)), EP_AXIS)
         if blocked:
             return jax.lax.psum(blocked_experts(x, w, ids, w_gate, w_up, w_down, first,
                                                 impl=blocked_impl(w_gate),
@@ -336,8 +366,8 @@ def moe_mlp(h_nd: jax.Array, lp: dict[str, Any], moe: MoeConfig, mesh: Mesh | No
     if expert_parallel(mesh, moe.num_experts) > 1:
         out = routed_experts_ep(h_nd, weights, run_ids, lp, mesh, moe)
     elif use_dense_experts(h_nd.shape[0], mesh):
-        out = local_experts(h_nd, weights, run_ids, lp["we_gate"], lp["we_up"],
-                            lp["we_down"]).astype(h_nd.dtype)
+        out = local_experts(h_nd, weights, run_ids, lp["we_gate"], lp["we_up"], lp["we_down"],
+                            impl=kernel_impl(mesh, lp["we_gate"])).astype(h_nd.dtype)
     elif use_blocked_experts(h_nd.shape[0], mesh):
         out = blocked_experts(h_nd, weights, run_ids, lp["we_gate"], lp["we_up"],
                               lp["we_down"], impl=blocked_impl(lp["we_gate"])).astype(h_nd.dtype)

@@ -45,6 +45,10 @@ BLOCK_ROWS = 128
 MAX_BLOCK_ROWS = 256
 ACCUMULATORS = 32 * 1024
 BLOCK_K = 64
+# output tiles at most 256 wide (a stage's weight tiles: 64 x 256 x 2 bytes per matrix), and 64
+# wide for blocks under 64 rows (decode batches: the weights stream through more programs)
+MAX_TILE_N = 256
+SMALL_TILE_N = 64
 MIN_TILE = 16  # Triton's smallest dot dimension
 
 
@@ -173,7 +177,8 @@ def expert_swiglu_gpu(x_nd: jax.Array, token_of_row: jax.Array, block_expert: ja
     params = pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages)
     full = lambda shape: pl.BlockSpec(shape, lambda b, n: (0,) * len(shape))
 
-    bn, bk = _tile(f, ACCUMULATORS // (2 * block_rows)), _tile(d, BLOCK_K)
+    cap = MAX_TILE_N if block_rows >= 64 else SMALL_TILE_N
+    bn, bk = _tile(f, min(cap, ACCUMULATORS // (2 * block_rows))), _tile(d, BLOCK_K)
     h = pl.pallas_call(
         functools.partial(_gate_up_kernel, block_k=bk, masked_gather=not interpret),
         grid=(nb, f // bn),
@@ -193,7 +198,7 @@ def expert_swiglu_gpu(x_nd: jax.Array, token_of_row: jax.Array, block_expert: ja
         name="seer_expert_gate_up_gpu",
     )(tok, x_nd, be, used_arr, w_gate, w_up)
 
-    bn, bk = _tile(d, ACCUMULATORS // block_rows), _tile(f, BLOCK_K)
+    bn, bk = _tile(d, min(cap, ACCUMULATORS // block_rows)), _tile(f, BLOCK_K)
     return pl.pallas_call(
         functools.partial(_down_kernel, block_k=bk, num_tokens=x_nd.shape[0]),
         grid=(nb, d // bn),

@@ -247,14 +247,16 @@ def test_small_batches_run_only_the_chosen_experts(monkeypatch, tp):
 
 @pytest.mark.parametrize("formulation, tp", [
     ("ragged", 1), ("sparse", 1), ("blocked", 1), ("dense", 1), ("sparse", 2), ("all_to_all", 2),
+    ("sparse_kernel", 1), ("sparse_kernel", 2), ("blocked_kernel", 1),
     pytest.param("ragged", 2, marks=pytest.mark.exhaustive),
     pytest.param("blocked", 2, marks=pytest.mark.exhaustive)])
 def test_padding_rows_reach_no_expert(monkeypatch, formulation, tp):
     """A step's padding rows (token_mask False) choose no expert: the real rows' outputs equal
     those of the real rows alone, the padding rows' are zero, and where a formulation runs only
     the experts its rows chose (`sparse_experts`, the blocked grouped matmul, also behind the
-    all-to-all) the experts only padding rows would choose are never run: their weights are NaN
-    here (XLA:CPU's ragged_dot and `dense_experts` read every expert)."""
+    all-to-all, and both through the GPU expert GEMM kernel in interpret mode) the experts only
+    padding rows would choose are never run: their weights are NaN here (XLA:CPU's ragged_dot
+    and `dense_experts` read every expert)."""
     from seer_jax.model import grouped_matmul
     from seer_jax.model import moe as moe_module
 
@@ -269,7 +271,7 @@ def test_padding_rows_reach_no_expert(monkeypatch, formulation, tp):
     _, ids = route(x, lp, moe)
     used = set(np.asarray(ids)[mask].ravel().tolist())
     assert set(np.asarray(ids)[~mask].ravel().tolist()) - used  # padding would hit others
-    if formulation in ("sparse", "blocked", "all_to_all"):
+    if formulation in ("sparse", "blocked", "all_to_all", "sparse_kernel", "blocked_kernel"):
         unused = np.array([e not in used for e in range(moe.num_experts)])
         lp = {k: np.where(unused[:, None, None], np.nan, v).astype(v.dtype)
               if k.startswith("we_") else v for k, v in lp.items()}
@@ -277,10 +279,15 @@ def test_padding_rows_reach_no_expert(monkeypatch, formulation, tp):
     if mesh is not None:
         sharded = shard_params({"layers": {k: v[None] for k, v in lp.items()}}, mesh)["layers"]
         lp = {k: v[0] for k, v in sharded.items()}
-    if formulation in ("sparse", "dense"):
+    if formulation in ("sparse", "dense", "sparse_kernel"):
         monkeypatch.setattr(moe_module, "use_dense_experts", lambda n, m: True)
         monkeypatch.setattr(moe_module, "use_sparse_experts",
-                            lambda *a: formulation == "sparse")
+                            lambda *a: formulation != "dense")
+    if formulation == "sparse_kernel":
+        monkeypatch.setattr(moe_module, "kernel_impl", lambda m, w: "interpret")
+    if formulation == "blocked_kernel":
+        monkeypatch.setattr(moe_module, "use_blocked_experts", lambda n, m: True)
+        monkeypatch.setattr(moe_module, "blocked_impl", lambda w: "interpret")
     if formulation in ("blocked", "all_to_all"):
         real = grouped_matmul.blocked_experts
         monkeypatch.setattr(moe_module, "use_blocked_experts", lambda n, m: True)
