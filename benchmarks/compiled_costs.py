@@ -18,8 +18,8 @@ slices' bytes, each kernel call at its own estimate); with the instructions that
 `--bytes-only` runs part 2 alone.
 
 Mixtures of experts: `--deploy FILE[,FILE]` adds deployment configs (configs/*.py) to part 1,
-named by their file, each on its own chip (`mesh.chip`) at decode batch 1/32/256 x context
-8K and a prefill chunk of 2,048 tokens (`--deploy-only`: without the default models; `--deploy-batches` and `--deploy-prefill` pick
+named by their file, each on its own chip (`mesh.chip`) at decode batch 1/8/32/256 x context
+8K (8: the engine's smallest decode bucket) and a prefill chunk of 2,048 tokens (`--deploy-only`: without the default models; `--deploy-batches` and `--deploy-prefill` pick
 the points); their model config's `cost_spec()` must give the MoE/MLA `ModelSpec`
 (`seer_jax.costs.spec_from_hf_config` builds one from the architecture fields). The roofline
 then reads the shared weights plus the distinct experts the step's tokens hit
@@ -31,14 +31,15 @@ the cost analysis's (which counts a fusion's operands whole and TPU's VMEM prefe
 reads and writes).
 The deployment configs compile with per-layer weights: XLA:TPU copies an unrolled expert
 stack's layer slices before their matmuls (0.8 GB a layer of Qwen3-30B-A3B at decode batch 256),
-which the engine's layer scan does not. GPU prefill: the blocked grouped matmul
-(`grouped_matmul.blocked_experts`) loops over the blocks the batch's routing fills, a
-data-dependent trip count that XLA's cost analysis counts once and the byte attribution cannot
-know; the point compiles the analysis variant (`grouped_matmul.static_iterations`) whose loop is
-unrolled to the iterations uniform routing fills on average (`expected_iterations`: each
-expert's Binomial(N, k / E) pairs padded to whole blocks; 16 iterations of 8 blocks for 2,048
-tokens at top-8 of 128 experts), recorded as the row's `blocked_iterations`. A step whose
-trip count stays unknown has no compiler figure: its row says so and leaves the check.
+which the engine's layer scan does not. GPU: the expert GEMM kernel (`pallas.expert_gemm_gpu`,
+prefill through `grouped_matmul.blocked_experts`, small decode batches through
+`moe.sparse_experts`) counts by its estimate over the blocks uniform routing fills on average.
+Where a GPU runs the blocked grouped matmul's loop instead (shapes the kernel cannot tile), the
+loop's data-dependent trip count is one XLA's cost analysis counts once and the byte attribution
+cannot know; the point compiles the analysis variant (`grouped_matmul.static_iterations`) whose
+loop is unrolled to the iterations uniform routing fills on average (`expected_iterations`),
+recorded as the row's `blocked_iterations`. A step whose trip count stays unknown has no
+compiler figure: its row says so and leaves the check.
 
 Pallas kernels count through their pl.CostEstimate: on TPU the compiler's cost_analysis reads it
 from the Mosaic call; on GPU XLA's cost analysis counts a Triton call as nothing, so the kernels'
@@ -194,7 +195,7 @@ def main() -> int:
                     "(e.g. MoE ones), named by their file stem")
     ap.add_argument("--deploy-only", action="store_true",
                     help="the --deploy configs alone (not the default models)")
-    ap.add_argument("--deploy-batches", default="1,32,256",
+    ap.add_argument("--deploy-batches", default="1,8,32,256",
                     help="the --deploy configs' decode batches (comma-separated)")
     ap.add_argument("--deploy-prefill", type=int, default=2048,
                     help="the --deploy configs' prefill chunk (0: none)")
