@@ -178,41 +178,30 @@ def expert_swiglu_gpu(x_nd: jax.Array, token_of_row: jax.Array, block_expert: ja
     full = lambda shape: pl.BlockSpec(shape, lambda b, n: (0,) * len(shape))
 
     cap = MAX_TILE_N if block_rows >= 64 else SMALL_TILE_N
-    bn, bk = _tile(f, min(cap, ACCUMULATORS // (2 * block_rows))), _tile(d, BLOCK_K)
-    h = pl.pallas_call(
-        functools.partial(_gate_up_kernel, block_k=bk, masked_gather=not interpret),
-        grid=(nb, f // bn),
-        in_specs=[pl.BlockSpec((block_rows,), lambda b, n: (b,)),
-                  full(x_nd.shape),
-                  full((nb,)), full((1,)),
-                  pl.BlockSpec((E, d, bn), lambda b, n: (0, 0, n)),
-                  pl.BlockSpec((E, d, bn), lambda b, n: (0, 0, n))],
-        out_specs=pl.BlockSpec((block_rows, bn), lambda b, n: (b, n)),
-        out_shape=jax.ShapeDtypeStruct((R, f), x_nd.dtype),
-        compiler_params=params,
-        cost_estimate=expert_gemm_cost(
-            blocks=blocks, block_rows=block_rows, rows=rows, k_dim=d, n_dim=f, matrices=2,
-            in_bytes=x_nd.dtype.itemsize, w_bytes=w_gate.dtype.itemsize,
-            out_bytes=x_nd.dtype.itemsize, kernel="seer_expert_gate_up_gpu"),
-        interpret=interpret,
-        name="seer_expert_gate_up_gpu",
-    )(tok, x_nd, be, used_arr, w_gate, w_up)
 
-    bn, bk = _tile(d, min(cap, ACCUMULATORS // block_rows)), _tile(f, BLOCK_K)
-    return pl.pallas_call(
-        functools.partial(_down_kernel, block_k=bk, num_tokens=x_nd.shape[0]),
-        grid=(nb, d // bn),
-        in_specs=[pl.BlockSpec((block_rows,), lambda b, n: (b,)),
-                  pl.BlockSpec((block_rows, f), lambda b, n: (b, 0)),
-                  full((nb,)), full((1,)),
-                  pl.BlockSpec((E, f, bn), lambda b, n: (0, 0, n))],
-        out_specs=pl.BlockSpec((block_rows, bn), lambda b, n: (b, n)),
-        out_shape=jax.ShapeDtypeStruct((R, d), x_nd.dtype),
-        compiler_params=params,
-        cost_estimate=expert_gemm_cost(
-            blocks=blocks, block_rows=block_rows, rows=rows, k_dim=f, n_dim=d, matrices=1,
-            in_bytes=x_nd.dtype.itemsize, w_bytes=w_down.dtype.itemsize,
-            out_bytes=x_nd.dtype.itemsize, kernel="seer_expert_down_gpu"),
-        interpret=interpret,
-        name="seer_expert_down_gpu",
-    )(tok, h, be, used_arr, w_down)
+    def call(kernel, rows_in, weights, k_dim, n_dim, name):
+        """One GEMM pass: grid (blocks, n_dim / tile), the block's rows in, [R, n_dim] out."""
+        bn = _tile(n_dim, min(cap, ACCUMULATORS // (len(weights) * block_rows)))
+        w_spec = pl.BlockSpec((E, k_dim, bn), lambda b, n: (0, 0, n))
+        return pl.pallas_call(
+            functools.partial(kernel, block_k=_tile(k_dim, BLOCK_K)),
+            grid=(nb, n_dim // bn),
+            in_specs=[pl.BlockSpec((block_rows,), lambda b, n: (b,)), rows_in,
+                      full((nb,)), full((1,))] + [w_spec] * len(weights),
+            out_specs=pl.BlockSpec((block_rows, bn), lambda b, n: (b, n)),
+            out_shape=jax.ShapeDtypeStruct((R, n_dim), x_nd.dtype),
+            compiler_params=params,
+            cost_estimate=expert_gemm_cost(
+                blocks=blocks, block_rows=block_rows, rows=rows, k_dim=k_dim, n_dim=n_dim,
+                matrices=len(weights), in_bytes=x_nd.dtype.itemsize,
+                w_bytes=weights[0].dtype.itemsize, out_bytes=x_nd.dtype.itemsize, kernel=name),
+            interpret=interpret,
+            name=name,
+        )
+
+    h = call(functools.partial(_gate_up_kernel, masked_gather=not interpret),
+             full(x_nd.shape), (w_gate, w_up), d, f, "seer_expert_gate_up_gpu")(
+        tok, x_nd, be, used_arr, w_gate, w_up)
+    return call(functools.partial(_down_kernel, num_tokens=x_nd.shape[0]),
+                pl.BlockSpec((block_rows, f), lambda b, n: (b, 0)), (w_down,), f, d,
+                "seer_expert_down_gpu")(tok, h, be, used_arr, w_down)

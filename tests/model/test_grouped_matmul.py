@@ -56,8 +56,12 @@ def test_blocked_experts_equal_the_ragged_dot(block, group):
     np.testing.assert_allclose(parts, ref, atol=1e-4, rtol=1e-6)
 
 
-@pytest.mark.parametrize("tp", [1, 4])
-def test_moe_mlp_on_the_blocked_path_equals_the_ragged_dot(monkeypatch, tp):
+@pytest.mark.parametrize("tp, impl", [(1, "xla"), (4, "xla"), (1, "interpret"),
+                                      (4, "interpret")])
+def test_moe_mlp_on_the_blocked_path_equals_the_ragged_dot(monkeypatch, tp, impl):
+    """The MoE MLP on the blocked path (the loop of batched matmuls, and the GPU expert GEMM
+    kernel in interpret mode at its default block rows), one device and expert-parallel, equals
+    the ragged_dot's."""
     from seer_jax.model import grouped_matmul
     from seer_jax.model import moe as moe_module
 
@@ -76,9 +80,13 @@ def test_moe_mlp_on_the_blocked_path_equals_the_ragged_dot(monkeypatch, tp):
     calls = []
     real = grouped_matmul.blocked_experts
     monkeypatch.setattr(moe_module, "use_blocked_experts", lambda n, m: True)
+    assert moe_module.blocked_impl(lp["we_gate"]) == "pallas"  # the kernel tiles these shapes
+    monkeypatch.setattr(moe_module, "blocked_impl", lambda w: impl)
+    block = {"block": 4, "group": 2} if impl == "xla" else {}
     monkeypatch.setattr(moe_module, "blocked_experts",
-                        lambda *a, **k: calls.append(1) or real(*a, block=4, group=2))
+                        lambda *a, **k: calls.append(k["impl"]) or real(*a, **k, **block))
     out, ids = jax.jit(lambda x, lp: moe_mlp(x, lp, moe, mesh))(x, lp)
+    assert calls and set(calls) == {impl}
     assert calls
     np.testing.assert_allclose(np.asarray(out), np.asarray(ref), atol=1e-5, rtol=0)
     assert np.array_equal(np.asarray(ids), np.asarray(ref_ids))
@@ -126,25 +134,6 @@ def test_expert_gemm_kernel_equals_the_ragged_dot(dtype):
     np.testing.assert_allclose(np.asarray(run(0, *weights)) / scale, ref / scale, atol=tol)
     parts = sum(np.asarray(run(s, *(a[s:s + 2] for a in weights))) for s in (0, 2, 4, 6))
     np.testing.assert_allclose(parts / scale, ref / scale, atol=tol)
-
-
-def test_moe_mlp_on_the_kernel_path_equals_the_ragged_dot(monkeypatch):
-    """The MoE MLP routed through the blocked path with the GPU kernel (interpret mode, its
-    default block rows) equals the ragged_dot's."""
-    from seer_jax.model import moe as moe_module
-
-    moe = MoeConfig(num_experts=8, num_experts_per_tok=2, expert_intermediate_size=32,
-                    norm_topk_prob=True)
-    cfg = tiny_config(architecture="Qwen3MoeForCausalLM", qk_norm=True, num_layers=1, moe=moe)
-    lp = split_layers(init_params(cfg, seed=5), cfg)["layers"][0]
-    lp = {k: v for k, v in lp.items() if k in MOE_AXES}
-    x = np.random.RandomState(1).randn(40, cfg.hidden_size).astype(np.float32)
-    ref, _ = moe_mlp(x, lp, moe)
-    assert moe_module.blocked_impl(lp["we_gate"]) == "pallas"
-    monkeypatch.setattr(moe_module, "use_blocked_experts", lambda n, m: True)
-    monkeypatch.setattr(moe_module, "blocked_impl", lambda w: "interpret")
-    out, _ = jax.jit(lambda x, lp: moe_mlp(x, lp, moe))(x, lp)
-    np.testing.assert_allclose(np.asarray(out), np.asarray(ref), atol=1e-5, rtol=0)
 
 
 def test_expert_gemm_shapes_it_cannot_tile_are_refused():
