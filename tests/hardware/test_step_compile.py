@@ -43,12 +43,13 @@ def _cases():
             for kind in STEP_KINDS:
                 # CI time: these run with the exhaustive set: the GPU configs' reference
                 # steps, the kernel verify step of the 405B config (126 layers of per-layer
-                # weights, about 3 minutes), the v5p dense config's kernel verify step (v6e's
-                # compiles the same TPU kernels; about a minute each), and the TPU reference
-                # steps but v6e's mixed one (the one that once did not fit)
+                # weights, about 3 minutes), the dense configs' kernel verify steps but v6e's
+                # (about a minute each; the tree kernels also compile alone for every chip in
+                # test_kernel_compile), and the TPU reference steps but v6e's mixed one (the one
+                # that once did not fit)
                 slow = impl == "reference" and name.startswith("gpu") or (
-                    name == "gpu_4x8xh100_llama31_405b" and kind == "verify") or (
-                    name == "tpu_v5p64_qwen25_7b" and kind == "verify") or (
+                    name in ("gpu_4x8xh100_llama31_405b", "gpu_8xh200", "tpu_v5p64_qwen25_7b")
+                    and kind == "verify") or (
                     impl == "reference" and name.startswith("tpu")
                     and (name, kind) != ("tpu_v6e32_llama3_8b", "mixed"))
                 # the mixtures of experts: the TPU configs' kernel decode steps (a layer scan:
