@@ -33,12 +33,27 @@ GEMM's [rows, experts x d]. The flops are the routed ones plus the padding
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 
 import jax
 import jax.numpy as jnp
 
-from seer_jax.pallas import expert_gemm_gpu
+from seer_jax.pallas import expert_gemm_gpu, expert_gemm_tpu
+
+# blocked_experts' formulations: the XLA loop, and the expert GEMM kernels (compiled, or in
+# Pallas's interpret mode on any backend)
+IMPLS = ("xla", "pallas", "interpret", "tpu", "tpu_interpret")
+
+
+def expert_swiglu(impl: str):
+    """The expert GEMM kernel of a kernel `impl` (see IMPLS), as a function of the
+    `expert_swiglu_gpu` arguments plus `interpret`."""
+    if impl in ("tpu", "tpu_interpret"):
+        fn = expert_gemm_tpu.expert_swiglu_tpu
+    else:
+        fn = expert_gemm_gpu.expert_swiglu_gpu
+    return functools.partial(fn, interpret=impl.endswith("interpret"))
 
 # rows per block (one expert's) and blocks per loop iteration on GPU: 256-row blocks pad an
 # expert's group by at most 255 rows (at a prefill chunk's 512 rows per expert, under half a
@@ -156,12 +171,13 @@ def blocked_experts(x_nd: jax.Array, weights_nk: jax.Array, ids_nk: jax.Array,
     weight * expert(x), float32 [N, d] (zero for tokens that chose none of them).
 
     impl "xla": the loop of batched matmuls (`block` rows a block, default BLOCK_ROWS, `group`
-    blocks an iteration); "pallas": the GPU kernel (`pallas.expert_gemm_gpu`, weights read in
-    place; `block` defaults to `block_rows_for` the rows an expert receives on average); "interpret": that kernel in Pallas's
-    interpret mode (any backend, for tests). num_experts: the experts the router chose among
-    (default the local ones), for the kernel's cost estimate."""
-    if impl not in ("xla", "pallas", "interpret"):
-        raise ValueError(f"blocked_experts impl={impl!r}: want 'xla', 'pallas' or 'interpret'")
+    blocks an iteration); "pallas": the GPU kernel (`pallas.expert_gemm_gpu`), "tpu": the TPU
+    kernel (`pallas.expert_gemm_tpu`), both reading the weights in place, `block` defaulting to
+    `block_rows_for` the rows an expert receives on average; "interpret" / "tpu_interpret":
+    those kernels in Pallas's interpret mode (any backend, for tests). num_experts: the experts
+    the router chose among (default the local ones), for the kernels' cost estimates."""
+    if impl not in IMPLS:
+        raise ValueError(f"blocked_experts impl={impl!r}: want one of {IMPLS}")
     x_nd, w_gate, w_up, w_down = map(jnp.asarray, (x_nd, w_gate, w_up, w_down))
     N, k = ids_nk.shape
     d = x_nd.shape[1]
@@ -179,11 +195,10 @@ def blocked_experts(x_nd: jax.Array, weights_nk: jax.Array, ids_nk: jax.Array,
     # the token of each row (N: a padding row)
     token_of_row = jnp.where(pair_of_row < M, pair_of_row // k, N)
     if kernel:
-        y = expert_gemm_gpu.expert_swiglu_gpu(
+        y = expert_swiglu(impl)(
             x_nd, token_of_row, block_expert, used, w_gate, w_up, w_down, block_rows=block,
             expected_blocks=expected_blocks(N, k, num_experts or num_local, num_local, block),
-            expected_rows=M * num_local / (num_experts or num_local),
-            interpret=impl == "interpret")
+            expected_rows=M * num_local / (num_experts or num_local))
     else:
         # padding rows read a zero row appended after the tokens
         x_pad = jnp.concatenate([x_nd, jnp.zeros((1, d), x_nd.dtype)])

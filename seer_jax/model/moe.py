@@ -30,11 +30,13 @@ the step reads the weights of the experts it hits (8 of 128 at batch 1), as the 
 A step's padding rows (`moe_mlp`'s token_mask False: the engine's bucket rows past the live
 tokens) choose no expert (id `num_experts`), so a batch of 1 in a bucket of 8 rows still reads
 only its own token's experts, and no grouped matmul or all-to-all carries a padding row.
-Larger batches (prefill, verify) and the CPU
-keep the grouped ragged_dot on TPU and CPU; GPUs run `grouped_matmul.blocked_experts` (rows sorted
-into blocks each owned by one expert, the Pallas expert GEMM kernel over the blocks reading the
-weights in place: XLA:GPU's masked-GEMM ragged_dot would need gigabytes of temporaries at a
-prefill chunk). Parameters of one MoE layer (keys of a layer's params, `MOE_KEYS`):
+Larger batches (prefill, verify) keep the grouped ragged_dot on the
+CPU; GPUs and TPUs run `grouped_matmul.blocked_experts` (rows sorted into blocks each owned by
+one expert, an expert GEMM kernel over the blocks gathering the rows and reading the weights in
+place, `pallas.expert_gemm_gpu` / `pallas.expert_gemm_tpu`: XLA:GPU's masked-GEMM ragged_dot
+would need gigabytes of temporaries at a prefill chunk, and libtpu's ragged dot copies a layer's
+expert weights into its own layout and the rows into expert order and back; a TPU whose kernel
+cannot tile the shapes keeps the ragged_dot). Parameters of one MoE layer (keys of a layer's params, `MOE_KEYS`):
   router      [embed, experts]               float32 logits
   router_bias [experts]                      the choice's score correction (sigmoid routers)
   we_gate, we_up [experts, embed, moe_mlp]; we_down [experts, moe_mlp, embed]
@@ -51,10 +53,15 @@ import jax.numpy as jnp
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
-from seer_jax.model.grouped_matmul import blocked_experts, inverse_permutation, sort_by_expert
+from seer_jax.model.grouped_matmul import (
+    blocked_experts,
+    expert_swiglu,
+    inverse_permutation,
+    sort_by_expert,
+)
 from seer_jax.model.moe_config import MoeConfig
 from seer_jax.model.moe_dispatch import all_to_all_experts, dispatch_bytes
-from seer_jax.pallas import expert_gemm_gpu
+from seer_jax.pallas import expert_gemm_gpu, expert_gemm_tpu
 from seer_jax.pallas.expert_gemm_gpu import BLOCK_ROWS, expert_gemm_problem
 
 EP_AXIS = "tp"
@@ -155,20 +162,32 @@ def _platform(mesh: Mesh | None) -> str:
 
 def use_dense_experts(num_tokens: int, mesh: Mesh | None) -> bool:
     """Whether a step of `num_tokens` tokens runs `dense_experts` (TPU and GPU, decode-sized)."""
-    return num_tokens <= DENSE_MAX_TOKENS and _platform(mesh) in ("tpu", "gpu", "cuda", "rocm")
+    return num_tokens <= DENSE_MAX_TOKENS and _platform(mesh) in ("tpu", *GPU_PLATFORMS)
 
 
-def use_blocked_experts(num_tokens: int, mesh: Mesh | None) -> bool:
+def use_blocked_experts(num_tokens: int, mesh: Mesh | None,
+                        w_gate: jax.Array | None = None) -> bool:
     """Whether a step of `num_tokens` tokens not run by `dense_experts` runs
-    `grouped_matmul.blocked_experts` (GPU) rather than the grouped ragged_dot."""
-    return _platform(mesh) in ("gpu", "cuda", "rocm")
+    `grouped_matmul.blocked_experts` rather than the grouped ragged_dot: always on a GPU (XLA:GPU
+    lowers the ragged_dot to a GEMM masked by group), on a TPU where its expert GEMM kernel
+    tiles the weights `w_gate` (libtpu's ragged_dot copies each layer's expert weights into its
+    own layout before reading them)."""
+    platform = _platform(mesh)
+    if platform in GPU_PLATFORMS:
+        return True
+    return platform == "tpu" and w_gate is not None and blocked_impl(w_gate, "tpu") == "tpu"
 
 
-def blocked_impl(w_gate: jax.Array) -> str:
-    """`grouped_matmul.blocked_experts`'s formulation on a GPU for these expert weights: the
-    Pallas kernel ("pallas") where it can tile their shapes, else the loop of batched matmuls
-    ("xla")."""
+GPU_PLATFORMS = ("gpu", "cuda", "rocm")
+
+
+def blocked_impl(w_gate: jax.Array, platform: str = "gpu") -> str:
+    """`grouped_matmul.blocked_experts`'s formulation on `platform` for these expert weights:
+    the expert GEMM kernel where it can tile their shapes ("pallas": Triton on a GPU; "tpu":
+    Mosaic), else the loop of batched matmuls ("xla")."""
     d, f = w_gate.shape[-2:]
+    if platform == "tpu":
+        return "xla" if expert_gemm_tpu.expert_gemm_problem(d, f, BLOCK_ROWS) else "tpu"
     return "xla" if expert_gemm_problem(d, f, BLOCK_ROWS) else "pallas"
 
 
@@ -208,11 +227,12 @@ def sparse_experts(x_nd: jax.Array, weights_nk: jax.Array, ids_nk: jax.Array, w_
     no weights are read for it. The slots unroll (the compilers' cost analysis counts a loop
     body once).
 
-    impl "pallas" (GPU) / "interpret": the slots are the row blocks of the expert GEMM kernel
-    (`pallas.expert_gemm_gpu`), each block the N tokens (padded to 16 rows, masked) through its
-    slot's expert, weights read in place, the padding slots skipped; XLA:GPU would copy each
-    slot's expert out of the stack before its GEMMs (or, for one row, write a weight-sized
-    product out and reduce it)."""
+    impl "pallas" (GPU), "tpu" (TPU) or an interpret one (`grouped_matmul.IMPLS`): the slots are
+    the row blocks of the expert GEMM kernel (`pallas.expert_gemm_gpu` / `expert_gemm_tpu`),
+    each block the N tokens (padded to 16 rows) through its slot's expert, weights read in
+    place, the padding slots skipped, its cost estimate over the distinct experts N tokens hit
+    on average rather than every slot; XLA:GPU would copy each slot's expert out of the stack
+    before its GEMMs (or, for one row, write a weight-sized product out and reduce it)."""
     local = w_gate.shape[0]
     N, k = ids_nk.shape
     lid = ids_nk - first
@@ -228,12 +248,12 @@ def sparse_experts(x_nd: jax.Array, weights_nk: jax.Array, ids_nk: jax.Array, w_
         # a local expert is hit by one of N tokens choosing k of num_experts with probability
         # 1 - (1 - k / num_experts)^N
         hit = 1 - (1 - k / max(k, num_experts or local)) ** N
-        y = expert_gemm_gpu.expert_swiglu_gpu(
+        y = expert_swiglu(impl)(
             x_nd, token_of_row, jnp.minimum(chosen, local - 1),
             jnp.sum(chosen < local, dtype=jnp.int32), w_gate, w_up, w_down, block_rows=rows,
-            expected_blocks=min(slots, local * hit), expected_rows=min(slots, local * hit) * N,
-            interpret=impl == "interpret")
-        y = y.reshape(slots, rows, -1)[:, :N].astype(jnp.float32)  # [slots, N, d]
+            expected_blocks=min(slots, local * hit), expected_rows=min(slots, local * hit) * N)
+        # [slots, N, d] (the TPU kernel's spare block past the slots dropped)
+        y = y[:slots * rows].reshape(slots, rows, -1)[:, :N].astype(jnp.float32)
         # padding slots' rows are unspecified: dropped by the where, not multiplied by zero
         return jnp.sum(jnp.where((chosen < local)[:, None, None],
                                  y * combine.T[:, :, None], 0.0), axis=0)
@@ -265,9 +285,10 @@ def local_experts(x_nd: jax.Array, weights_nk: jax.Array, ids_nk: jax.Array, w_g
 
 
 def kernel_impl(mesh: Mesh | None, w_gate: jax.Array) -> str:
-    """How a GPU runs the expert GEMMs of `sparse_experts` and `blocked_experts`: "pallas" on a
-    GPU where the kernel tiles these weights (`blocked_impl`), else "xla"."""
-    return blocked_impl(w_gate) if use_blocked_experts(0, mesh) else "xla"
+    """How the mesh's chips run the expert GEMMs of `sparse_experts` and `blocked_experts`: the
+    kernel of `blocked_impl` on a GPU or TPU, "xla" elsewhere (the CPU)."""
+    platform = _platform(mesh)
+    return blocked_impl(w_gate, platform) if platform in (*GPU_PLATFORMS, "tpu") else "xla"
 
 
 def expert_parallel(mesh: Mesh | None, num_experts: int) -> int:
@@ -292,14 +313,15 @@ def expert_dispatch(num_tokens: int, mesh: Mesh | None, moe: MoeConfig, hidden_s
 
 
 def expert_rows(x_md: jax.Array, lid_m: jax.Array, w_gate: jax.Array, w_up: jax.Array,
-                w_down: jax.Array, blocked: bool) -> jax.Array:
-    """SwiGLU of each row by its local expert lid_m (rows of other experts: zeros) -> [M, d]."""
+                w_down: jax.Array, impl: str | None) -> jax.Array:
+    """SwiGLU of each row by its local expert lid_m (rows of other experts: zeros) -> [M, d]:
+    `blocked_experts` in formulation `impl`, or (None) the grouped ragged_dot."""
     M = x_md.shape[0]
     local = w_gate.shape[0]
-    if blocked:
+    if impl is not None:
         ones = jnp.ones((M, 1), jnp.float32)
         return blocked_experts(x_md, ones, lid_m[:, None], w_gate, w_up, w_down,
-                               impl=blocked_impl(w_gate)).astype(x_md.dtype)
+                               impl=impl).astype(x_md.dtype)
     mine = (lid_m >= 0) & (lid_m < local)
     order, sizes = sort_by_expert(jnp.where(mine, lid_m, local)[:, None], local + 1)
     y = expert_mlp(x_md[order], sizes[:local], w_gate, w_up, w_down)
@@ -316,23 +338,25 @@ def routed_experts_ep(x_nd: jax.Array, weights_nk: jax.Array, ids_nk: jax.Array,
     local = num_experts // ep
 
     dense = use_dense_experts(N, mesh)
-    blocked = not dense and use_blocked_experts(N, mesh)
+    blocked = not dense and use_blocked_experts(N, mesh, lp["we_gate"])
+    impl = kernel_impl(mesh, lp["we_gate"])
     dispatch = expert_dispatch(N, mesh, moe, x_nd.shape[1], x_nd.dtype.itemsize)
 
     def body(x, w, ids, w_gate, w_up, w_down):
         if dispatch == "all_to_all":
             return all_to_all_experts(
                 x, w, ids, axis=EP_AXIS, ep=ep, num_experts=num_experts,
-                rows_fn=lambda rows, lid: expert_rows(rows, lid, w_gate, w_up, w_down, blocked),
+                rows_fn=lambda rows, lid: expert_rows(rows, lid, w_gate, w_up, w_down,
+                                                      impl if blocked else None),
                 emulate=_platform(mesh) == "cpu")
         shard = jax.lax.axis_index(EP_AXIS)
         first = shard * local
         if dense:
             return jax.lax.psum(local_experts(x, w, ids, w_gate, w_up, w_down, first,
-                                              num_experts, kernel_impl(mesh, w_gate)), EP_AXIS)
+                                              num_experts, impl), EP_AXIS)
         if blocked:
             return jax.lax.psum(blocked_experts(x, w, ids, w_gate, w_up, w_down, first,
-                                                impl=blocked_impl(w_gate),
+                                                impl=impl,
                                                 num_experts=num_experts), EP_AXIS)
         order, sizes = sort_by_expert(ids, num_experts + 1)  # no expert: last
         start = jnp.sum(jnp.where(jnp.arange(num_experts + 1) < first, sizes, 0))
@@ -368,9 +392,9 @@ def moe_mlp(h_nd: jax.Array, lp: dict[str, Any], moe: MoeConfig, mesh: Mesh | No
     elif use_dense_experts(h_nd.shape[0], mesh):
         out = local_experts(h_nd, weights, run_ids, lp["we_gate"], lp["we_up"], lp["we_down"],
                             impl=kernel_impl(mesh, lp["we_gate"])).astype(h_nd.dtype)
-    elif use_blocked_experts(h_nd.shape[0], mesh):
-        out = blocked_experts(h_nd, weights, run_ids, lp["we_gate"], lp["we_up"],
-                              lp["we_down"], impl=blocked_impl(lp["we_gate"])).astype(h_nd.dtype)
+    elif use_blocked_experts(h_nd.shape[0], mesh, lp["we_gate"]):
+        out = blocked_experts(h_nd, weights, run_ids, lp["we_gate"], lp["we_up"], lp["we_down"],
+                              impl=kernel_impl(mesh, lp["we_gate"])).astype(h_nd.dtype)
     else:
         out = routed_experts(h_nd, weights, run_ids, lp)
     if moe.shared_intermediate_size:

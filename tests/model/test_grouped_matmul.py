@@ -79,9 +79,9 @@ def test_moe_mlp_on_the_blocked_path_equals_the_ragged_dot(monkeypatch, tp, impl
         lp = {k: v[0] for k, v in sharded.items()}
     calls = []
     real = grouped_matmul.blocked_experts
-    monkeypatch.setattr(moe_module, "use_blocked_experts", lambda n, m: True)
+    monkeypatch.setattr(moe_module, "use_blocked_experts", lambda *a: True)
     assert moe_module.blocked_impl(lp["we_gate"]) == "pallas"  # the kernel tiles these shapes
-    monkeypatch.setattr(moe_module, "blocked_impl", lambda w: impl)
+    monkeypatch.setattr(moe_module, "kernel_impl", lambda *a: impl)
     block = {"block": 4, "group": 2} if impl == "xla" else {}
     monkeypatch.setattr(moe_module, "blocked_experts",
                         lambda *a, **k: calls.append(k["impl"]) or real(*a, **k, **block))
@@ -116,19 +116,27 @@ def test_expected_iterations_and_the_static_analysis_variant():
     np.testing.assert_allclose(out, ref, atol=1e-5, rtol=1e-6)
 
 
+# the kernels' smallest shapes: the GPU kernel's 16-wide tiles; the TPU kernel's 128 lanes (the
+# tokens' hidden size packed two 16-bit halves to a 32-bit word: 256)
+KERNEL_SHAPES = {"interpret": (32, 48), "tpu_interpret": (256, 128)}
+
+
+@pytest.mark.parametrize("impl", ["interpret", "tpu_interpret"])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_expert_gemm_kernel_equals_the_ragged_dot(dtype):
-    """The GPU expert GEMM kernel (Pallas interpret mode) over the block layout gives the grouped
-    ragged_dot's sums: one device, and the experts split over 4 devices (the parts sum to the
-    whole); blocks of 16 rows (skewed routing: experts of several blocks and of none)."""
+def test_expert_gemm_kernel_equals_the_ragged_dot(dtype, impl):
+    """The expert GEMM kernels (GPU and TPU, Pallas interpret mode) over the block layout give
+    the grouped ragged_dot's sums: one device, and the experts split over 4 devices (the parts
+    sum to the whole); blocks of 16 rows (skewed routing: experts of several blocks and of none,
+    and, split over 4, devices whose unused blocks outnumber the used)."""
     import jax.numpy as jnp
 
-    x, w, ids, lp = _problem(N=37, k=3, E=8, d=32, f=48, skew=True)
+    d, f = KERNEL_SHAPES[impl]
+    x, w, ids, lp = _problem(N=37, k=3, E=8, d=d, f=f, skew=True)
     ref = np.asarray(routed_experts(x, w, ids, lp))
     weights = tuple(jnp.asarray(lp[n], dtype) for n in ("we_gate", "we_up", "we_down"))
     xd = jnp.asarray(x, dtype)
     run = jax.jit(lambda first, *ws: blocked_experts(xd, w, ids, *ws, first, 16,
-                                                     impl="interpret", num_experts=8))
+                                                     impl=impl, num_experts=8))
     tol = 1e-4 if dtype == "float32" else 0.02
     scale = np.abs(ref).max()
     np.testing.assert_allclose(np.asarray(run(0, *weights)) / scale, ref / scale, atol=tol)
@@ -136,9 +144,54 @@ def test_expert_gemm_kernel_equals_the_ragged_dot(dtype):
     np.testing.assert_allclose(parts / scale, ref / scale, atol=tol)
 
 
+@pytest.mark.parametrize("path, tp", [("blocked", 1), ("blocked", 4), ("sparse", 1),
+                                      ("sparse", 2)])
+def test_moe_mlp_through_the_tpu_kernel_equals_the_ragged_dot(monkeypatch, path, tp):
+    """The MoE MLP with a TPU's formulations, the TPU expert GEMM kernel in the TPU simulator:
+    a prefill-sized batch on the blocked path and a decode batch hitting few experts
+    (`sparse_experts`), on one device and expert-parallel, equal the ragged_dot's; the experts
+    no token chose hold NaN weights, which the kernel never reads (an unused block keeps the
+    last used expert's tiles)."""
+    from seer_jax.model import moe as moe_module
+
+    d, f = KERNEL_SHAPES["tpu_interpret"]
+    moe = MoeConfig(num_experts=16, num_experts_per_tok=2, expert_intermediate_size=f,
+                    norm_topk_prob=True)
+    cfg = tiny_config(architecture="Qwen3MoeForCausalLM", qk_norm=True, num_layers=1, moe=moe,
+                      hidden_size=d)
+    lp = split_layers(init_params(cfg, seed=3), cfg)["layers"][0]
+    lp = {k: np.asarray(v) for k, v in lp.items() if k in MOE_AXES}
+    x = np.random.RandomState(2).randn(12 if path == "blocked" else 2, d).astype(np.float32)
+    ref, ref_ids = moe_mlp(x, lp, moe)
+    unused = ~np.isin(np.arange(16), np.asarray(ref_ids))
+    assert unused.any()
+    lp = {k: np.where(unused[:, None, None], np.nan, v).astype(v.dtype) if k.startswith("we_")
+          else v for k, v in lp.items()}
+    mesh = make_mesh(jax.devices()[:tp]) if tp > 1 else None
+    if mesh is not None:
+        sharded = shard_params({"layers": {k: v[None] for k, v in lp.items()}}, mesh)["layers"]
+        lp = {k: v[0] for k, v in sharded.items()}
+    monkeypatch.setattr(moe_module, "_platform", lambda m: "tpu")  # a TPU's choices
+    monkeypatch.setattr(moe_module, "kernel_impl", lambda *a: "tpu_interpret")
+    assert moe_module.use_blocked_experts(12, None, lp["we_gate"])
+    assert moe_module.use_dense_experts(2, None) and not moe_module.use_dense_experts(300, None)
+    if path == "blocked":  # 12 tokens stand for a prefill chunk
+        monkeypatch.setattr(moe_module, "use_dense_experts", lambda *a: False)
+    calls = []
+    for name in ("blocked_experts", "sparse_experts"):
+        real = getattr(moe_module, name)
+        monkeypatch.setattr(moe_module, name, lambda *a, real=real, name=name, **k:
+                            calls.append(name) or real(*a, **k))
+    out, ids = jax.jit(lambda x, lp: moe_mlp(x, lp, moe, mesh))(x, lp)
+    assert set(calls) == {f"{path}_experts"}
+    np.testing.assert_allclose(np.asarray(out), np.asarray(ref), atol=1e-5, rtol=0)
+    assert np.array_equal(np.asarray(ids), np.asarray(ref_ids))
+
+
 def test_expert_gemm_shapes_it_cannot_tile_are_refused():
     """A hidden size with no power-of-two tile of at least 16 keeps the loop of batched matmuls
-    (`blocked_impl`), and the kernel itself refuses it naming the dimension."""
+    on a GPU (`blocked_impl`), and the kernel itself refuses it naming the dimension; likewise
+    for the TPU kernel's 128-lane tiles."""
     import jax.numpy as jnp
 
     from seer_jax.errors import InputError
@@ -151,6 +204,17 @@ def test_expert_gemm_shapes_it_cannot_tile_are_refused():
         expert_swiglu_gpu(jnp.zeros((8, 24)), jnp.zeros((32,), jnp.int32),
                           jnp.zeros((2,), jnp.int32), 1,
                           jnp.zeros((4, 24, 32)), jnp.zeros((4, 24, 32)), jnp.zeros((4, 32, 24)),
+                          block_rows=16, interpret=True)
+    # the TPU kernel: 128-lane tiles, the tokens' hidden size packed two to a 32-bit word; a TPU
+    # that cannot tile the shapes keeps the ragged_dot
+    from seer_jax.pallas.expert_gemm_tpu import expert_swiglu_tpu
+
+    assert blocked_impl(np.zeros((4, 2048, 768), np.float32), "tpu") == "tpu"
+    assert blocked_impl(np.zeros((4, 384, 768), np.float32), "tpu") == "xla"
+    with pytest.raises(InputError, match="expert intermediate size=96"):
+        expert_swiglu_tpu(jnp.zeros((8, 256)), jnp.zeros((32,), jnp.int32),
+                          jnp.zeros((2,), jnp.int32), 1,
+                          jnp.zeros((4, 256, 96)), jnp.zeros((4, 256, 96)), jnp.zeros((4, 96, 256)),
                           block_rows=16, interpret=True)
     # block rows: 64 for a small batch, one block for most experts at a 2,048-token chunk
     # (128 pairs an expert on average), 256 at most

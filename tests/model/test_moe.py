@@ -280,17 +280,17 @@ def test_padding_rows_reach_no_expert(monkeypatch, formulation, tp):
         sharded = shard_params({"layers": {k: v[None] for k, v in lp.items()}}, mesh)["layers"]
         lp = {k: v[0] for k, v in sharded.items()}
     if formulation in ("sparse", "dense", "sparse_kernel"):
-        monkeypatch.setattr(moe_module, "use_dense_experts", lambda n, m: True)
+        monkeypatch.setattr(moe_module, "use_dense_experts", lambda *a: True)
         monkeypatch.setattr(moe_module, "use_sparse_experts",
                             lambda *a: formulation != "dense")
     if formulation == "sparse_kernel":
-        monkeypatch.setattr(moe_module, "kernel_impl", lambda m, w: "interpret")
+        monkeypatch.setattr(moe_module, "kernel_impl", lambda *a: "interpret")
     if formulation == "blocked_kernel":
-        monkeypatch.setattr(moe_module, "use_blocked_experts", lambda n, m: True)
-        monkeypatch.setattr(moe_module, "blocked_impl", lambda w: "interpret")
+        monkeypatch.setattr(moe_module, "use_blocked_experts", lambda *a: True)
+        monkeypatch.setattr(moe_module, "kernel_impl", lambda *a: "interpret")
     if formulation in ("blocked", "all_to_all"):
         real = grouped_matmul.blocked_experts
-        monkeypatch.setattr(moe_module, "use_blocked_experts", lambda n, m: True)
+        monkeypatch.setattr(moe_module, "use_blocked_experts", lambda *a: True)
         monkeypatch.setattr(moe_module, "blocked_experts",
                             lambda *a, **k: real(*a, block=4, group=2))
     if formulation == "all_to_all":
@@ -323,7 +323,7 @@ def test_engine_padding_rows_reach_no_expert(monkeypatch):
             (ids.shape[0], int(np.sum(np.any(ids < moe.num_experts, axis=1))))), ids)
         return real(x, w, ids, *a, **k)
 
-    monkeypatch.setattr(moe_module, "use_dense_experts", lambda n, m: True)
+    monkeypatch.setattr(moe_module, "use_dense_experts", lambda *a: True)
     monkeypatch.setattr(moe_module, "local_experts", spy)
     jax.clear_caches()  # traced anew with the patches (and not kept for other tests)
     config = EngineConfig(num_pages=32, page_size=4, max_num_batched_tokens=16, max_num_seqs=8,

@@ -59,7 +59,7 @@ def test_all_to_all_dispatch_equals_one_device(monkeypatch, tp, blocked):
     monkeypatch.setattr(moe_module, "expert_dispatch", lambda *a: "all_to_all")
     if blocked:
         real = grouped_matmul.blocked_experts
-        monkeypatch.setattr(moe_module, "use_blocked_experts", lambda n, m: True)
+        monkeypatch.setattr(moe_module, "use_blocked_experts", lambda *a: True)
         monkeypatch.setattr(moe_module, "blocked_experts",
                             lambda *a, **k: real(*a, block=4, group=2))
     fn = jax.jit(lambda x, lp: moe_mlp(x, lp, moe, mesh))
