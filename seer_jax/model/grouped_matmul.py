@@ -1,5 +1,5 @@
-"""Dropless expert MLPs over row blocks each owned by one expert: the grouped matmul GPUs run for
-prefill-sized batches.
+"""Dropless expert MLPs over row blocks each owned by one expert: the grouped matmul GPUs and TPUs
+run for prefill-sized batches.
 
 XLA:GPU lowers `jax.lax.ragged_dot` to a dense GEMM masked by group, over a [rows, experts x
 hidden] operand: experts times the flops and, at a prefill chunk's 65,536 (token, expert) rows,
@@ -10,10 +10,11 @@ gigabytes of temporaries. `blocked_experts` computes the same sums with ordinary
      size padded up to whole blocks; padding rows hold no pair), so every block of rows belongs
      to one expert (`block_layout`). The row count is static: M pairs over L experts fill at
      most ceil(M / block) + L blocks.
-  2. experts: on a GPU, the Pallas (Triton) kernel `pallas.expert_gemm_gpu` (impl "pallas"):
-     one program per (block, output tile) reads its block's rows and its expert's weight tiles
+  2. experts: on a GPU, the Pallas (Triton) kernel `pallas.expert_gemm_gpu` (impl "pallas"),
+     on a TPU the Pallas (Mosaic) kernel `pallas.expert_gemm_tpu` (impl "tpu"): per (block,
+     output tile) the block's rows gathered from the tokens and its expert's weight tiles read
      where they lie in the stacks, blocks past the used ones skipped. Elsewhere, and for shapes
-     the kernel cannot tile (impl "xla"): a loop over the used blocks, `group` blocks an
+     a GPU kernel cannot tile (impl "xla"): a loop over the used blocks, `group` blocks an
      iteration (a dynamic trip count: the blocks the batch fills, not the static bound), that
      gathers each block's tokens and its expert's three weight matrices and runs the SwiGLU MLP
      as batched matmuls [group, block, d] x [group, d, f]; XLA:GPU writes each iteration's
