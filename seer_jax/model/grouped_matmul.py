@@ -174,9 +174,10 @@ def blocked_experts(x_nd: jax.Array, weights_nk: jax.Array, ids_nk: jax.Array,
     impl "xla": the loop of batched matmuls (`block` rows a block, default BLOCK_ROWS, `group`
     blocks an iteration); "pallas": the GPU kernel (`pallas.expert_gemm_gpu`), "tpu": the TPU
     kernel (`pallas.expert_gemm_tpu`), both reading the weights in place, `block` defaulting to
-    `block_rows_for` the rows an expert receives on average; "interpret" / "tpu_interpret":
-    those kernels in Pallas's interpret mode (any backend, for tests). num_experts: the experts
-    the router chose among (default the local ones), for the kernels' cost estimates."""
+    the kernel's `block_rows_for` the rows an expert receives on average; "interpret" and
+    "tpu_interpret": those kernels in Pallas's interpret mode (any backend, for tests).
+    num_experts: the experts the router chose among (default the local ones), for the kernels'
+    cost estimates."""
     if impl not in IMPLS:
         raise ValueError(f"blocked_experts impl={impl!r}: want one of {IMPLS}")
     x_nd, w_gate, w_up, w_down = map(jnp.asarray, (x_nd, w_gate, w_up, w_down))
@@ -186,7 +187,9 @@ def blocked_experts(x_nd: jax.Array, weights_nk: jax.Array, ids_nk: jax.Array,
     M = N * k
     kernel = impl != "xla"
     if block is None and kernel:
-        block = expert_gemm_gpu.block_rows_for(N * k / (num_experts or num_local))
+        tpu = impl.startswith("tpu")
+        block = (expert_gemm_tpu if tpu else expert_gemm_gpu).block_rows_for(
+            N * k / (num_experts or num_local))
     elif block is None:
         block = BLOCK_ROWS
     nb = num_blocks(M, num_local, block, 1 if kernel else group)

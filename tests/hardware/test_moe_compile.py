@@ -148,8 +148,7 @@ def test_expert_gemm_kernel_compiles(model, target, tp, tokens):
     count the expert weights once per expected block, the real rows' activations and the flops
     of whole blocks."""
     from seer_jax.model.grouped_matmul import expected_blocks
-    from seer_jax.pallas import cost_estimates
-    from seer_jax.pallas.expert_gemm_gpu import block_rows_for
+    from seer_jax.pallas import cost_estimates, expert_gemm_gpu, expert_gemm_tpu
 
     require_compiler(target)
     d, E, k, f = MODELS[model]
@@ -166,7 +165,8 @@ def test_expert_gemm_kernel_compiles(model, target, tp, tokens):
     text = _text(compiled, target)
     call = "tpu_custom_call" if chip == "tpu" else "__gpu$xla.gpu.triton"
     assert "while" not in text and text.count(f'custom_call_target="{call}"') == 2
-    block = block_rows_for(tokens * k / E)
+    block = (expert_gemm_tpu if chip == "tpu" else expert_gemm_gpu).block_rows_for(
+        tokens * k / E)
     blocks = expected_blocks(tokens, k, E, local, block)
     est = {g.kernel: g for g in got}
     weights = blocks * 3 * d * f * 2

@@ -216,6 +216,17 @@ def test_expert_gemm_shapes_it_cannot_tile_are_refused():
                           jnp.zeros((2,), jnp.int32), 1,
                           jnp.zeros((4, 256, 96)), jnp.zeros((4, 256, 96)), jnp.zeros((4, 96, 256)),
                           block_rows=16, interpret=True)
+    # the TPU kernel's block rows: multiples of 16 at the mean plus four deviations (176 at a
+    # 2,048-token chunk's 128 rows an expert), 512 at most; float16 tokens are refused (the row
+    # packing is bfloat16's)
+    from seer_jax.pallas import expert_gemm_tpu
+
+    assert [expert_gemm_tpu.block_rows_for(m) for m in (0.5, 8, 128, 512)] == [16, 32, 176, 512]
+    with pytest.raises(InputError, match="float16"):
+        expert_swiglu_tpu(jnp.zeros((8, 256), jnp.float16), jnp.zeros((32,), jnp.int32),
+                          jnp.zeros((2,), jnp.int32), 1, jnp.zeros((4, 256, 128)),
+                          jnp.zeros((4, 256, 128)), jnp.zeros((4, 128, 256)), block_rows=16,
+                          interpret=True)
     # block rows: 64 for a small batch, one block for most experts at a 2,048-token chunk
     # (128 pairs an expert on average), 256 at most
     assert [block_rows_for(m) for m in (2, 40, 128, 512)] == [64, 64, 256, 256]

@@ -192,3 +192,25 @@ def test_bfloat16_checkpoint_loads_its_exact_values(tmp_path):
         np.testing.assert_array_equal(np.asarray(got[k]),
                                       np.asarray(want[k]).astype(jax.numpy.bfloat16).astype(np.float32),
                                       err_msg=k)
+
+
+def test_rope_per_half_equals_rotate_half():
+    """`apply_rope`'s per-half products equal HF's x * cos + rotate_half(x) * sin on the
+    model's tables (equal halves), in float32 and bfloat16."""
+    import jax.numpy as jnp
+
+    from seer_jax.model.llama import apply_rope, rope_cos_sin
+
+    cfg = tiny_config()
+    cos, sin = rope_cos_sin(jnp.arange(37) * 13, cfg)
+    x = np.random.RandomState(0).randn(37, cfg.num_heads, cfg.head_dim).astype(np.float32)
+    half = cfg.head_dim // 2
+    for dtype in (jnp.float32, jnp.bfloat16):
+        xd = jnp.asarray(x, dtype)
+        xf = xd.astype(jnp.float32)
+        rotated = jnp.concatenate([-xf[..., half:], xf[..., :half]], axis=-1)
+        ref = (xf * cos[:, None] + rotated * sin[:, None]).astype(dtype)
+        got = apply_rope(xd, cos, sin)
+        assert got.dtype == dtype
+        np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(ref, np.float32),
+                                   rtol=1e-6, atol=1e-6)
