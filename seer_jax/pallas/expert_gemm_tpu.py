@@ -6,7 +6,9 @@ first). Two calls:
 
   gate/up: grid (blocks, f / tile_n). At a block's first output tile the kernel gathers its rows
       from the tokens, which stay in HBM, one row DMA per real row into a VMEM scratch (no
-      permuted copy of the tokens is written; a padding row is zeroed instead), and keeps them
+      permuted copy of the tokens is written; a padding row is zeroed instead; the rows' token
+      indices reach SMEM by the pipeline, 8 blocks' at a time, so their number is not bounded
+      by the 1 MiB of SMEM that scalar prefetch would hold them all in), and keeps them
       for the block's other tiles. Each step multiplies them by its expert's gate and up tiles,
       fetched by the pipeline straight out of the [E, d, f] stacks (the expert index comes from
       `block_expert` by scalar prefetch), and writes silu(gate) * up in the rows' dtype.
@@ -112,23 +114,26 @@ def _dot(a, b):
     return jnp.dot(a, b, preferred_element_type=jnp.float32, precision=precision)
 
 
-def _gate_up_kernel(tok_ref, be_ref, used_ref, x_hbm, wg_ref, wu_ref, h_ref, rows_ref, sem, *,
+def _gate_up_kernel(be_ref, used_ref, tok_ref, x_hbm, wg_ref, wu_ref, h_ref, rows_ref, sem, *,
                     num_tokens: int, dtype):
     b, n = pl.program_id(0), pl.program_id(1)
     block_rows = rows_ref.shape[0]
+
+    # this block's tokens: row b % 8 of the 8 blocks' in SMEM (lax: jnp's % lowers to a sign
+    # op, which Mosaic lowers only knowing the chip)
+    tok_ref = tok_ref.at[jax.lax.rem(b, 8)]
 
     @pl.when(b < used_ref[0])
     def _():
         @pl.when(n == 0)
         def _gather():
-            base = b * block_rows
 
             def copy(r):
-                return pltpu.make_async_copy(x_hbm.at[pl.ds(tok_ref[base + r], 1)],
+                return pltpu.make_async_copy(x_hbm.at[pl.ds(tok_ref[r], 1)],
                                              rows_ref.at[pl.ds(r, 1)], sem.at[0])
 
             def start(r, carry):
-                real = tok_ref[base + r] < num_tokens
+                real = tok_ref[r] < num_tokens
 
                 @pl.when(real)
                 def _():
@@ -141,7 +146,7 @@ def _gate_up_kernel(tok_ref, be_ref, used_ref, x_hbm, wg_ref, wu_ref, h_ref, row
                 return carry
 
             def wait(r, carry):
-                @pl.when(tok_ref[base + r] < num_tokens)
+                @pl.when(tok_ref[r] < num_tokens)
                 def _():
                     copy(r).wait()
 
@@ -157,7 +162,7 @@ def _gate_up_kernel(tok_ref, be_ref, used_ref, x_hbm, wg_ref, wu_ref, h_ref, row
         h_ref[...] = (g * jax.nn.sigmoid(g) * u).astype(h_ref.dtype)
 
 
-def _down_kernel(tok_ref, be_ref, used_ref, h_ref, wd_ref, y_ref):
+def _down_kernel(be_ref, used_ref, h_ref, wd_ref, y_ref):
     @pl.when(pl.program_id(0) < used_ref[0])
     def _():
         y_ref[...] = _dot(h_ref[...], wd_ref[...]).astype(y_ref.dtype)
@@ -191,8 +196,13 @@ def expert_swiglu_tpu(x_nd: jax.Array, token_of_row: jax.Array, block_expert: ja
     blocks = nb if expected_blocks is None else min(float(expected_blocks), nb)
     rows = blocks * block_rows if expected_rows is None else min(float(expected_rows),
                                                                  blocks * block_rows)
-    scalars = (token_of_row.astype(jnp.int32), block_expert.astype(jnp.int32),
-               jnp.reshape(used, (1,)).astype(jnp.int32))
+    scalars = (block_expert.astype(jnp.int32), jnp.reshape(used, (1,)).astype(jnp.int32))
+    # the rows' tokens in SMEM 8 blocks at a time (Mosaic's blocks: 8 rows by the whole last
+    # dim), not whole by scalar prefetch: a prefill chunk's rows would outgrow the 1 MiB
+    tokens = jnp.pad(token_of_row.astype(jnp.int32).reshape(nb, block_rows),
+                     ((0, -nb % 8), (0, 0)), constant_values=N)
+    tok_spec = pl.BlockSpec((8, block_rows), lambda b, n, *_: (jax.lax.div(b, 8), 0),
+                            memory_space=pltpu.SMEM)
     packed = pack_rows(x_nd)
     # blocks split over a megacore chip's cores, each core's output tiles in order; the
     # simulator runs the grid in order (it would take two cores' writes to the spare block for
@@ -207,18 +217,18 @@ def expert_swiglu_tpu(x_nd: jax.Array, token_of_row: jax.Array, block_expert: ja
         def live(b, used_ref):
             return b < used_ref[0]
 
-        def weight_index(b, n, tok, be, used_ref):
+        def weight_index(b, n, be, used_ref):
             # past the used blocks: the last used block's last tile, already in VMEM
             last = jnp.maximum(used_ref[0] - 1, 0)
             return (be[jnp.minimum(b, last)], 0, jnp.where(live(b, used_ref), n, last_n))
 
-        def out_index(b, n, tok, be, used_ref):
+        def out_index(b, n, be, used_ref):
             ok = live(b, used_ref)
             return jnp.where(ok, b, nb), jnp.where(ok, n, 0)
 
         w_spec = pl.BlockSpec((None, k_dim, tn), weight_index)
         grid_spec = pltpu.PrefetchScalarGridSpec(
-            num_scalar_prefetch=3, grid=(nb, n_dim // tn),
+            num_scalar_prefetch=2, grid=(nb, n_dim // tn),
             in_specs=operand_specs + [w_spec] * len(weights),
             out_specs=pl.BlockSpec((block_rows, tn), out_index),
             scratch_shapes=scratch)
@@ -236,12 +246,12 @@ def expert_swiglu_tpu(x_nd: jax.Array, token_of_row: jax.Array, block_expert: ja
         )
 
     h = call(functools.partial(_gate_up_kernel, num_tokens=N, dtype=x_nd.dtype),
-             [pl.BlockSpec(memory_space=pl.ANY)], (w_gate, w_up), d, f, GATE_UP_TILE_N,
-             [pltpu.VMEM((block_rows, packed.shape[1]), packed.dtype),
-              pltpu.SemaphoreType.DMA((1,))],
-             "seer_expert_gate_up_tpu")(*scalars, packed, w_gate, w_up)
+             [tok_spec, pl.BlockSpec(memory_space=pl.ANY)], (w_gate, w_up), d, f,
+             GATE_UP_TILE_N, [pltpu.VMEM((block_rows, packed.shape[1]), packed.dtype),
+                              pltpu.SemaphoreType.DMA((1,))],
+             "seer_expert_gate_up_tpu")(*scalars, tokens, packed, w_gate, w_up)
 
-    def h_index(b, n, tok, be, used_ref):
+    def h_index(b, n, be, used_ref):
         return jnp.minimum(b, jnp.maximum(used_ref[0] - 1, 0)), 0
 
     return call(_down_kernel, [pl.BlockSpec((block_rows, f), h_index)], (w_down,), f, d,
