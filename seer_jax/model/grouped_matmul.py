@@ -167,7 +167,7 @@ def blocked_experts(x_nd: jax.Array, weights_nk: jax.Array, ids_nk: jax.Array,
                     w_gate: jax.Array, w_up: jax.Array, w_down: jax.Array,
                     first: int | jax.Array = 0, block: int | None = None,
                     group: int = GROUP_BLOCKS, *, impl: str = "xla",
-                    num_experts: int | None = None) -> jax.Array:
+                    num_experts: int | None = None, rows_dtype=None) -> jax.Array:
     """Sum over each token's chosen experts among experts first .. first + len(w_gate) of
     weight * expert(x), float32 [N, d] (zero for tokens that chose none of them).
 
@@ -177,12 +177,16 @@ def blocked_experts(x_nd: jax.Array, weights_nk: jax.Array, ids_nk: jax.Array,
     the kernel's `block_rows_for` the rows an expert receives on average; "interpret" and
     "tpu_interpret": those kernels in Pallas's interpret mode (any backend, for tests).
     num_experts: the experts the router chose among (default the local ones), for the kernels'
-    cost estimates."""
+    cost estimates. rows_dtype (TPU kernel only): x_nd holds the tokens packed
+    (`expert_gemm_tpu.pack_rows`) from rows of this dtype."""
     if impl not in IMPLS:
         raise ValueError(f"blocked_experts impl={impl!r}: want one of {IMPLS}")
+    if rows_dtype is not None and not impl.startswith("tpu"):
+        raise ValueError(f"blocked_experts: packed rows (rows_dtype) need the TPU kernel, not "
+                         f"impl={impl!r}")
     x_nd, w_gate, w_up, w_down = map(jnp.asarray, (x_nd, w_gate, w_up, w_down))
     N, k = ids_nk.shape
-    d = x_nd.shape[1]
+    d = w_down.shape[2]
     num_local = w_gate.shape[0]
     M = N * k
     kernel = impl != "xla"
@@ -202,7 +206,8 @@ def blocked_experts(x_nd: jax.Array, weights_nk: jax.Array, ids_nk: jax.Array,
         y = expert_swiglu(impl)(
             x_nd, token_of_row, block_expert, used, w_gate, w_up, w_down, block_rows=block,
             expected_blocks=expected_blocks(N, k, num_experts or num_local, num_local, block),
-            expected_rows=M * num_local / (num_experts or num_local))
+            expected_rows=M * num_local / (num_experts or num_local),
+            **({} if rows_dtype is None else {"rows_dtype": rows_dtype}))
     else:
         # padding rows read a zero row appended after the tokens
         x_pad = jnp.concatenate([x_nd, jnp.zeros((1, d), x_nd.dtype)])

@@ -313,15 +313,16 @@ def expert_dispatch(num_tokens: int, mesh: Mesh | None, moe: MoeConfig, hidden_s
 
 
 def expert_rows(x_md: jax.Array, lid_m: jax.Array, w_gate: jax.Array, w_up: jax.Array,
-                w_down: jax.Array, impl: str | None) -> jax.Array:
+                w_down: jax.Array, impl: str | None, rows_dtype=None) -> jax.Array:
     """SwiGLU of each row by its local expert lid_m (rows of other experts: zeros) -> [M, d]:
-    `blocked_experts` in formulation `impl`, or (None) the grouped ragged_dot."""
+    `blocked_experts` in formulation `impl`, or (None) the grouped ragged_dot. rows_dtype: the
+    rows arrive packed for the TPU kernel (`expert_gemm_tpu.pack_rows`) from this dtype."""
     M = x_md.shape[0]
     local = w_gate.shape[0]
     if impl is not None:
         ones = jnp.ones((M, 1), jnp.float32)
-        return blocked_experts(x_md, ones, lid_m[:, None], w_gate, w_up, w_down,
-                               impl=impl).astype(x_md.dtype)
+        return blocked_experts(x_md, ones, lid_m[:, None], w_gate, w_up, w_down, impl=impl,
+                               rows_dtype=rows_dtype).astype(rows_dtype or x_md.dtype)
     mine = (lid_m >= 0) & (lid_m < local)
     order, sizes = sort_by_expert(jnp.where(mine, lid_m, local)[:, None], local + 1)
     y = expert_mlp(x_md[order], sizes[:local], w_gate, w_up, w_down)
@@ -344,10 +345,15 @@ def routed_experts_ep(x_nd: jax.Array, weights_nk: jax.Array, ids_nk: jax.Array,
 
     def body(x, w, ids, w_gate, w_up, w_down):
         if dispatch == "all_to_all":
+            # the TPU kernel's bfloat16 rows travel packed (its DMAs gather 32-bit words): one
+            # packed copy of the tokens here, not one of every received row on arrival
+            packed = blocked and impl.startswith("tpu") and x.dtype == jnp.bfloat16
             return all_to_all_experts(
-                x, w, ids, axis=EP_AXIS, ep=ep, num_experts=num_experts,
+                expert_gemm_tpu.pack_rows(x) if packed else x, w, ids, axis=EP_AXIS, ep=ep,
+                num_experts=num_experts,
                 rows_fn=lambda rows, lid: expert_rows(rows, lid, w_gate, w_up, w_down,
-                                                      impl if blocked else None),
+                                                      impl if blocked else None,
+                                                      x.dtype if packed else None),
                 emulate=_platform(mesh) == "cpu")
         shard = jax.lax.axis_index(EP_AXIS)
         first = shard * local

@@ -64,7 +64,9 @@ def all_to_all_experts(x_nd: jax.Array, weights_nk: jax.Array, ids_nk: jax.Array
                        emulate: bool) -> jax.Array:
     """Inside shard_map over `axis` (tokens and routing replicated): sum over each token's chosen
     experts of weight * expert(x) -> [N, d] in x's dtype, replicated. `rows_fn(rows [R, d],
-    local expert ids [R])` runs this device's experts over rows (zeros for ids outside them)."""
+    local expert ids [R])` runs this device's experts over rows (zeros for ids outside them).
+    The rows travel as x_nd holds them (a kernel's packed form, say); the outputs are rows_fn's,
+    in its width and dtype."""
     exchange = emulated_ragged_all_to_all if emulate else jax.lax.ragged_all_to_all
     N, k = ids_nk.shape
     d = x_nd.shape[1]
@@ -97,10 +99,10 @@ def all_to_all_experts(x_nd: jax.Array, weights_nk: jax.Array, ids_nk: jax.Array
                        axis_name=axis)
     y = rows_fn(rows, row_ids - s * local)
     # (rows past what returns: the padding tokens' pairs, never used)
-    y_sorted = exchange(y, jnp.broadcast_to(y[0, 0], (m, d)), recv_off, recv, back_off, send,
-                        axis_name=axis)
+    y_sorted = exchange(y, jnp.broadcast_to(y[0, 0], (m, y.shape[1])), recv_off, recv,
+                        back_off, send, axis_name=axis)
     # the pairs of no expert (id num_experts: padding) take zeros
     y_pairs = jnp.where((flat < num_experts)[:, None], y_sorted[inverse_permutation(order)], 0)
-    out = jnp.sum(y_pairs.reshape(n, k, d).astype(jnp.float32) * w[:, :, None], axis=1)
-    out = jax.lax.all_gather(out.astype(x_nd.dtype), axis, tiled=True)
+    out = jnp.sum(y_pairs.reshape(n, k, -1).astype(jnp.float32) * w[:, :, None], axis=1)
+    out = jax.lax.all_gather(out.astype(y.dtype), axis, tiled=True)
     return out[:N]

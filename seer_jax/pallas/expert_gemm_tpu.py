@@ -171,19 +171,30 @@ def _down_kernel(be_ref, used_ref, h_ref, wd_ref, y_ref):
 def expert_swiglu_tpu(x_nd: jax.Array, token_of_row: jax.Array, block_expert: jax.Array,
                       used: jax.Array, w_gate: jax.Array, w_up: jax.Array, w_down: jax.Array, *,
                       block_rows: int, expected_blocks: float | None = None,
-                      expected_rows: float | None = None, interpret: bool = False) -> jax.Array:
+                      expected_rows: float | None = None, interpret: bool = False,
+                      rows_dtype=None) -> jax.Array:
     """SwiGLU of each row by its block's expert -> [R + block_rows, d] in the tokens' dtype
     (R = blocks * block_rows; the last block is the spare one unused blocks write to; rows of
     blocks past `used`: unspecified; padding rows: zeros; no copy slices the spare off). As
-    `expert_gemm_gpu.expert_swiglu_gpu`; interpret=True runs the TPU simulator on any backend."""
+    `expert_gemm_gpu.expert_swiglu_gpu`; interpret=True runs the TPU simulator on any backend.
+    rows_dtype=jnp.bfloat16: x_nd is already `pack_rows`'d ([N, d / 2] uint32), as the tokens
+    travel packed through the expert-parallel all-to-all (one packed copy, not one a side)."""
     (R,) = token_of_row.shape
-    N, d = x_nd.shape
+    if rows_dtype is not None:
+        if jnp.dtype(rows_dtype) != jnp.bfloat16 or x_nd.dtype != jnp.uint32:
+            raise InputError(f"packed rows: want uint32 words of bfloat16 rows, got {x_nd.dtype} "
+                             f"words of {rows_dtype}")
+        packed, dtype = x_nd, jnp.dtype(rows_dtype)
+        N, d = x_nd.shape[0], 2 * x_nd.shape[1]
+    else:
+        packed, dtype = None, x_nd.dtype
+        N, d = x_nd.shape
     E, _, f = w_gate.shape
     problem = expert_gemm_problem(d, f, block_rows)
     if problem:
         raise InputError(f"TPU expert GEMM kernel cannot lower: {problem}")
-    if x_nd.dtype not in (jnp.bfloat16, jnp.float32):
-        raise InputError(f"TPU expert GEMM kernel: tokens of dtype {x_nd.dtype}, want bfloat16 "
+    if dtype not in (jnp.bfloat16, jnp.float32):
+        raise InputError(f"TPU expert GEMM kernel: tokens of dtype {dtype}, want bfloat16 "
                          "or float32")
     if R % block_rows:
         raise InputError(f"rows={R} is not a multiple of block_rows={block_rows}")
@@ -203,7 +214,8 @@ def expert_swiglu_tpu(x_nd: jax.Array, token_of_row: jax.Array, block_expert: ja
                      ((0, -nb % 8), (0, 0)), constant_values=N)
     tok_spec = pl.BlockSpec((8, block_rows), lambda b, n, *_: (jax.lax.div(b, 8), 0),
                             memory_space=pltpu.SMEM)
-    packed = pack_rows(x_nd)
+    if packed is None:
+        packed = pack_rows(x_nd)
     # blocks split over a megacore chip's cores, each core's output tiles in order; the
     # simulator runs the grid in order (it would take two cores' writes to the spare block for
     # a revisit)
@@ -234,18 +246,18 @@ def expert_swiglu_tpu(x_nd: jax.Array, token_of_row: jax.Array, block_expert: ja
             scratch_shapes=scratch)
         return pl.pallas_call(
             kernel, grid_spec=grid_spec,
-            out_shape=jax.ShapeDtypeStruct((R + block_rows, n_dim), x_nd.dtype),
+            out_shape=jax.ShapeDtypeStruct((R + block_rows, n_dim), dtype),
             compiler_params=pltpu.CompilerParams(
                 dimension_semantics=semantics, vmem_limit_bytes=VMEM_LIMIT),
             cost_estimate=expert_gemm_cost(
                 blocks=blocks, block_rows=block_rows, rows=rows, k_dim=k_dim, n_dim=n_dim,
-                matrices=len(weights), in_bytes=x_nd.dtype.itemsize,
-                w_bytes=weights[0].dtype.itemsize, out_bytes=x_nd.dtype.itemsize, kernel=name),
+                matrices=len(weights), in_bytes=dtype.itemsize,
+                w_bytes=weights[0].dtype.itemsize, out_bytes=dtype.itemsize, kernel=name),
             interpret=pltpu.InterpretParams() if interpret else False,
             name=name,
         )
 
-    h = call(functools.partial(_gate_up_kernel, num_tokens=N, dtype=x_nd.dtype),
+    h = call(functools.partial(_gate_up_kernel, num_tokens=N, dtype=dtype),
              [tok_spec, pl.BlockSpec(memory_space=pl.ANY)], (w_gate, w_up), d, f,
              GATE_UP_TILE_N, [pltpu.VMEM((block_rows, packed.shape[1]), packed.dtype),
                               pltpu.SemaphoreType.DMA((1,))],

@@ -188,6 +188,44 @@ def test_moe_mlp_through_the_tpu_kernel_equals_the_ragged_dot(monkeypatch, path,
     assert np.array_equal(np.asarray(ids), np.asarray(ref_ids))
 
 
+def test_tpu_kernel_behind_the_all_to_all_takes_packed_rows(monkeypatch):
+    """Expert-parallel over 2 devices with the all-to-all dispatch and the TPU kernel (TPU
+    simulator), in bfloat16: the tokens are packed once before the exchange (the kernel packs
+    nothing on arrival) and the MLP equals the ragged_dot's to bfloat16 rounding."""
+    import jax.numpy as jnp
+
+    from seer_jax.model import moe as moe_module
+    from seer_jax.pallas import expert_gemm_tpu
+
+    d, f = KERNEL_SHAPES["tpu_interpret"]
+    moe = MoeConfig(num_experts=16, num_experts_per_tok=2, expert_intermediate_size=f,
+                    norm_topk_prob=True)
+    cfg = tiny_config(architecture="Qwen3MoeForCausalLM", qk_norm=True, num_layers=1, moe=moe,
+                      hidden_size=d)
+    lp = split_layers(init_params(cfg, seed=3), cfg)["layers"][0]
+    lp = {k: jnp.asarray(v, jnp.bfloat16 if k.startswith("we_") else v.dtype)
+          for k, v in lp.items() if k in MOE_AXES}
+    x = jnp.asarray(np.random.RandomState(2).randn(12, d), jnp.bfloat16)
+    ref, ref_ids = moe_mlp(x, lp, moe)
+    mesh = make_mesh(jax.devices()[:2])
+    sharded = shard_params({"layers": {k: v[None] for k, v in lp.items()}}, mesh)["layers"]
+    sharded = {k: v[0] for k, v in sharded.items()}
+    monkeypatch.setattr(moe_module, "use_dense_experts", lambda *a: False)
+    monkeypatch.setattr(moe_module, "use_blocked_experts", lambda *a: True)
+    monkeypatch.setattr(moe_module, "kernel_impl", lambda *a: "tpu_interpret")
+    monkeypatch.setattr(moe_module, "expert_dispatch", lambda *a: "all_to_all")
+    packs = []
+    real = expert_gemm_tpu.pack_rows
+    monkeypatch.setattr(expert_gemm_tpu, "pack_rows", lambda a: packs.append(a.shape) or real(a))
+    out, ids = jax.jit(lambda x, lp: moe_mlp(x, lp, moe, mesh))(x, sharded)
+    assert packs == [(12, d)]  # once, the tokens before the exchange
+    assert out.dtype == jnp.bfloat16
+    scale = float(np.abs(np.asarray(ref, np.float32)).max())
+    np.testing.assert_allclose(np.asarray(out, np.float32) / scale,
+                               np.asarray(ref, np.float32) / scale, atol=0.02)
+    assert np.array_equal(np.asarray(ids), np.asarray(ref_ids))
+
+
 def test_expert_gemm_shapes_it_cannot_tile_are_refused():
     """A hidden size with no power-of-two tile of at least 16 keeps the loop of batched matmuls
     on a GPU (`blocked_impl`), and the kernel itself refuses it naming the dimension; likewise
