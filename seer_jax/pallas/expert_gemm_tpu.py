@@ -8,8 +8,8 @@ first). Two calls:
       from the tokens, which stay in HBM, one row DMA per real row into a VMEM scratch (no
       permuted copy of the tokens is written; a padding row is zeroed instead; the rows' token
       indices reach SMEM by the pipeline, 8 blocks' at a time, so their number is not bounded
-      by the 1 MiB of SMEM that scalar prefetch would hold them all in), and keeps them
-      for the block's other tiles. Each step multiplies them by its expert's gate and up tiles,
+      by the 1 MiB of SMEM that scalar prefetch would hold them all in), and keeps them,
+      unpacked once, for the block's other tiles. Each step multiplies them by its expert's gate and up tiles,
       fetched by the pipeline straight out of the [E, d, f] stacks (the expert index comes from
       `block_expert` by scalar prefetch), and writes silu(gate) * up in the rows' dtype.
   down: grid (blocks, d / tile_n), the block's hidden rows times its expert's down tile.
@@ -43,9 +43,9 @@ from seer_jax.errors import InputError
 from seer_jax.pallas.cost_estimates import expert_gemm_cost
 
 # output tiles of at most 512 lanes; block rows a multiple of 16 (bfloat16 sublane packing) up
-# to 512. A gate/up step holds the block's rows [block_rows, d], two double-buffered weight
-# tiles [d, tile_n] and its float32 products: at d = 4,096, 256-row blocks and 256-wide tiles,
-# about 12 MiB of VMEM. Untuned without a TPU.
+# to 512. A gate/up step holds the block's rows [block_rows, d] (packed and unpacked), two
+# double-buffered weight tiles [d, tile_n] and its float32 products: at d = 4,096, 512-row
+# blocks and 256-wide tiles, about 17 MiB of VMEM (limit 64). Untuned without a TPU.
 MAX_TILE_N = 512
 GATE_UP_TILE_N = 256
 MAX_BLOCK_ROWS = 512
@@ -114,8 +114,8 @@ def _dot(a, b):
     return jnp.dot(a, b, preferred_element_type=jnp.float32, precision=precision)
 
 
-def _gate_up_kernel(be_ref, used_ref, tok_ref, x_hbm, wg_ref, wu_ref, h_ref, rows_ref, sem, *,
-                    num_tokens: int, dtype):
+def _gate_up_kernel(be_ref, used_ref, tok_ref, x_hbm, wg_ref, wu_ref, h_ref, rows_ref, x_ref,
+                    sem, *, num_tokens: int):
     b, n = pl.program_id(0), pl.program_id(1)
     block_rows = rows_ref.shape[0]
 
@@ -127,7 +127,6 @@ def _gate_up_kernel(be_ref, used_ref, tok_ref, x_hbm, wg_ref, wu_ref, h_ref, row
     def _():
         @pl.when(n == 0)
         def _gather():
-
             def copy(r):
                 return pltpu.make_async_copy(x_hbm.at[pl.ds(tok_ref[r], 1)],
                                              rows_ref.at[pl.ds(r, 1)], sem.at[0])
@@ -154,9 +153,11 @@ def _gate_up_kernel(be_ref, used_ref, tok_ref, x_hbm, wg_ref, wu_ref, h_ref, row
 
             jax.lax.fori_loop(0, block_rows, start, 0)
             jax.lax.fori_loop(0, block_rows, wait, 0)
+            # unpacked once a block, for all its output tiles
+            rows = rows_ref[...]
+            x_ref[...] = _unpack(rows, x_ref.dtype) if rows.dtype == jnp.uint32 else rows
 
-        rows = rows_ref[...]
-        x = _unpack(rows, dtype) if rows.dtype == jnp.uint32 else rows
+        x = x_ref[...]
         g = _dot(x, wg_ref[...])
         u = _dot(x, wu_ref[...])
         h_ref[...] = (g * jax.nn.sigmoid(g) * u).astype(h_ref.dtype)
@@ -257,9 +258,10 @@ def expert_swiglu_tpu(x_nd: jax.Array, token_of_row: jax.Array, block_expert: ja
             name=name,
         )
 
-    h = call(functools.partial(_gate_up_kernel, num_tokens=N, dtype=dtype),
+    h = call(functools.partial(_gate_up_kernel, num_tokens=N),
              [tok_spec, pl.BlockSpec(memory_space=pl.ANY)], (w_gate, w_up), d, f,
              GATE_UP_TILE_N, [pltpu.VMEM((block_rows, packed.shape[1]), packed.dtype),
+                              pltpu.VMEM((block_rows, d), dtype),
                               pltpu.SemaphoreType.DMA((1,))],
              "seer_expert_gate_up_tpu")(*scalars, tokens, packed, w_gate, w_up)
 
