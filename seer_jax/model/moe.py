@@ -30,13 +30,14 @@ the step reads the weights of the experts it hits (8 of 128 at batch 1), as the 
 A step's padding rows (`moe_mlp`'s token_mask False: the engine's bucket rows past the live
 tokens) choose no expert (id `num_experts`), so a batch of 1 in a bucket of 8 rows still reads
 only its own token's experts, and no grouped matmul or all-to-all carries a padding row.
-Larger batches (prefill, verify) keep the grouped ragged_dot on the
-CPU; GPUs and TPUs run `grouped_matmul.blocked_experts` (rows sorted into blocks each owned by
-one expert, an expert GEMM kernel over the blocks gathering the rows and reading the weights in
-place, `pallas.expert_gemm_gpu` / `pallas.expert_gemm_tpu`: XLA:GPU's masked-GEMM ragged_dot
-would need gigabytes of temporaries at a prefill chunk, and libtpu's ragged dot copies a layer's
-expert weights into its own layout and the rows into expert order and back; a TPU whose kernel
-cannot tile the shapes keeps the ragged_dot). Parameters of one MoE layer (keys of a layer's params, `MOE_KEYS`):
+Larger batches (prefill, verify) keep the grouped ragged_dot on the CPU; GPUs and TPUs run
+`grouped_matmul.blocked_experts` (rows sorted into blocks each owned by one expert, an expert
+GEMM kernel over the blocks gathering the rows and reading the weights in place,
+`pallas.expert_gemm_gpu` / `pallas.expert_gemm_tpu`: XLA:GPU's masked-GEMM ragged_dot would need
+gigabytes of temporaries at a prefill chunk, and libtpu's ragged dot copies a layer's expert
+weights into its own layout and the rows into expert order and back; a TPU whose kernel cannot
+tile the shapes keeps the ragged_dot). Parameters of one MoE layer (keys of a layer's params,
+`MOE_KEYS`):
   router      [embed, experts]               float32 logits
   router_bias [experts]                      the choice's score correction (sigmoid routers)
   we_gate, we_up [experts, embed, moe_mlp]; we_down [experts, moe_mlp, embed]
@@ -156,6 +157,9 @@ def routed_experts(x_nd: jax.Array, weights_nk: jax.Array, ids_nk: jax.Array,
 DENSE_MAX_TOKENS = 256
 
 
+GPU_PLATFORMS = ("gpu", "cuda", "rocm")
+
+
 def _platform(mesh: Mesh | None) -> str:
     return mesh.devices.flat[0].platform if mesh is not None else jax.default_backend()
 
@@ -176,9 +180,6 @@ def use_blocked_experts(num_tokens: int, mesh: Mesh | None,
     if platform in GPU_PLATFORMS:
         return True
     return platform == "tpu" and w_gate is not None and blocked_impl(w_gate, "tpu") == "tpu"
-
-
-GPU_PLATFORMS = ("gpu", "cuda", "rocm")
 
 
 def blocked_impl(w_gate: jax.Array, platform: str = "gpu") -> str:

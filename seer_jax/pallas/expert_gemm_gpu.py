@@ -33,8 +33,8 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 
-from seer_jax.errors import InputError
 from seer_jax.pallas.cost_estimates import expert_gemm_cost
+from seer_jax.pallas.expert_blocks import check_block_call
 
 # tiles: 64-wide slices of the contraction and 8 warps; a block's rows times the output tile
 # kept to 32K float32 accumulators (the gate/up program holds two), the register footprint of the
@@ -157,20 +157,11 @@ def expert_swiglu_gpu(x_nd: jax.Array, token_of_row: jax.Array, block_expert: ja
     (R,) = token_of_row.shape
     d = x_nd.shape[1]
     E, _, f = w_gate.shape
-    problem = expert_gemm_problem(d, f, block_rows)
-    if problem:
-        raise InputError(f"GPU expert GEMM kernel cannot lower: {problem}")
-    if R % block_rows:
-        raise InputError(f"rows={R} is not a multiple of block_rows={block_rows}")
-    if w_up.shape != (E, d, f) or w_down.shape != (E, f, d):
-        raise InputError(f"expert weights disagree: gate {w_gate.shape}, up {w_up.shape}, "
-                         f"down {w_down.shape} (want [E, d, f], [E, d, f], [E, f, d])")
-    nb = R // block_rows
-    if block_expert.shape != (nb,):
-        raise InputError(f"block_expert has shape {block_expert.shape}, want ({nb},)")
-    blocks = nb if expected_blocks is None else min(float(expected_blocks), nb)
-    rows = blocks * block_rows if expected_rows is None else min(float(expected_rows),
-                                                                 blocks * block_rows)
+    nb, blocks, rows = check_block_call(
+        "GPU", expert_gemm_problem(d, f, block_rows), num_rows=R, block_rows=block_rows,
+        hidden=d, block_expert_shape=block_expert.shape, w_gate_shape=w_gate.shape,
+        w_up_shape=w_up.shape, w_down_shape=w_down.shape, expected_blocks=expected_blocks,
+        expected_rows=expected_rows)
     be = block_expert.astype(jnp.int32)
     tok = token_of_row.astype(jnp.int32)
     used_arr = jnp.reshape(used, (1,)).astype(jnp.int32)

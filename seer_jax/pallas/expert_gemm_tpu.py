@@ -41,6 +41,7 @@ from jax.experimental.pallas import tpu as pltpu
 
 from seer_jax.errors import InputError
 from seer_jax.pallas.cost_estimates import expert_gemm_cost
+from seer_jax.pallas.expert_blocks import check_block_call
 
 # output tiles of at most 512 lanes; block rows a multiple of 16 (bfloat16 sublane packing) up
 # to 512. A gate/up step holds the block's rows [block_rows, d] (packed and unpacked), two
@@ -190,24 +191,15 @@ def expert_swiglu_tpu(x_nd: jax.Array, token_of_row: jax.Array, block_expert: ja
     else:
         packed, dtype = None, x_nd.dtype
         N, d = x_nd.shape
-    E, _, f = w_gate.shape
-    problem = expert_gemm_problem(d, f, block_rows)
-    if problem:
-        raise InputError(f"TPU expert GEMM kernel cannot lower: {problem}")
+    f = w_gate.shape[2]
+    nb, blocks, rows = check_block_call(
+        "TPU", expert_gemm_problem(d, f, block_rows), num_rows=R, block_rows=block_rows,
+        hidden=d, block_expert_shape=block_expert.shape, w_gate_shape=w_gate.shape,
+        w_up_shape=w_up.shape, w_down_shape=w_down.shape, expected_blocks=expected_blocks,
+        expected_rows=expected_rows)
     if dtype not in (jnp.bfloat16, jnp.float32):
         raise InputError(f"TPU expert GEMM kernel: tokens of dtype {dtype}, want bfloat16 "
                          "or float32")
-    if R % block_rows:
-        raise InputError(f"rows={R} is not a multiple of block_rows={block_rows}")
-    if w_up.shape != (E, d, f) or w_down.shape != (E, f, d):
-        raise InputError(f"expert weights disagree: gate {w_gate.shape}, up {w_up.shape}, "
-                         f"down {w_down.shape} (want [E, d, f], [E, d, f], [E, f, d])")
-    nb = R // block_rows
-    if block_expert.shape != (nb,):
-        raise InputError(f"block_expert has shape {block_expert.shape}, want ({nb},)")
-    blocks = nb if expected_blocks is None else min(float(expected_blocks), nb)
-    rows = blocks * block_rows if expected_rows is None else min(float(expected_rows),
-                                                                 blocks * block_rows)
     scalars = (block_expert.astype(jnp.int32), jnp.reshape(used, (1,)).astype(jnp.int32))
     # the rows' tokens in SMEM 8 blocks at a time (Mosaic's blocks: 8 rows by the whole last
     # dim), not whole by scalar prefetch: a prefill chunk's rows would outgrow the 1 MiB

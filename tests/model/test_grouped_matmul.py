@@ -144,6 +144,20 @@ def test_expert_gemm_kernel_equals_the_ragged_dot(dtype, impl):
     np.testing.assert_allclose(parts / scale, ref / scale, atol=tol)
 
 
+def _tpu_moe_layer(experts_dtype=np.float32):
+    """A 16-expert top-2 Qwen3-MoE layer at the TPU kernel's smallest shapes: (moe config, its
+    MoE params with the expert weights in `experts_dtype`, hidden size)."""
+    d, f = KERNEL_SHAPES["tpu_interpret"]
+    moe = MoeConfig(num_experts=16, num_experts_per_tok=2, expert_intermediate_size=f,
+                    norm_topk_prob=True)
+    cfg = tiny_config(architecture="Qwen3MoeForCausalLM", qk_norm=True, num_layers=1, moe=moe,
+                      hidden_size=d)
+    lp = split_layers(init_params(cfg, seed=3), cfg)["layers"][0]
+    lp = {k: np.asarray(v).astype(experts_dtype) if k.startswith("we_") else np.asarray(v)
+          for k, v in lp.items() if k in MOE_AXES}
+    return moe, lp, d
+
+
 @pytest.mark.parametrize("path, tp", [("blocked", 1), ("blocked", 4), ("sparse", 1),
                                       ("sparse", 2)])
 def test_moe_mlp_through_the_tpu_kernel_equals_the_ragged_dot(monkeypatch, path, tp):
@@ -154,13 +168,7 @@ def test_moe_mlp_through_the_tpu_kernel_equals_the_ragged_dot(monkeypatch, path,
     last used expert's tiles)."""
     from seer_jax.model import moe as moe_module
 
-    d, f = KERNEL_SHAPES["tpu_interpret"]
-    moe = MoeConfig(num_experts=16, num_experts_per_tok=2, expert_intermediate_size=f,
-                    norm_topk_prob=True)
-    cfg = tiny_config(architecture="Qwen3MoeForCausalLM", qk_norm=True, num_layers=1, moe=moe,
-                      hidden_size=d)
-    lp = split_layers(init_params(cfg, seed=3), cfg)["layers"][0]
-    lp = {k: np.asarray(v) for k, v in lp.items() if k in MOE_AXES}
+    moe, lp, d = _tpu_moe_layer()
     x = np.random.RandomState(2).randn(12 if path == "blocked" else 2, d).astype(np.float32)
     ref, ref_ids = moe_mlp(x, lp, moe)
     unused = ~np.isin(np.arange(16), np.asarray(ref_ids))
@@ -197,14 +205,7 @@ def test_tpu_kernel_behind_the_all_to_all_takes_packed_rows(monkeypatch):
     from seer_jax.model import moe as moe_module
     from seer_jax.pallas import expert_gemm_tpu
 
-    d, f = KERNEL_SHAPES["tpu_interpret"]
-    moe = MoeConfig(num_experts=16, num_experts_per_tok=2, expert_intermediate_size=f,
-                    norm_topk_prob=True)
-    cfg = tiny_config(architecture="Qwen3MoeForCausalLM", qk_norm=True, num_layers=1, moe=moe,
-                      hidden_size=d)
-    lp = split_layers(init_params(cfg, seed=3), cfg)["layers"][0]
-    lp = {k: jnp.asarray(v, jnp.bfloat16 if k.startswith("we_") else v.dtype)
-          for k, v in lp.items() if k in MOE_AXES}
+    moe, lp, d = _tpu_moe_layer(jnp.bfloat16)
     x = jnp.asarray(np.random.RandomState(2).randn(12, d), jnp.bfloat16)
     ref, ref_ids = moe_mlp(x, lp, moe)
     mesh = make_mesh(jax.devices()[:2])
