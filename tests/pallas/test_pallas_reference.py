@@ -4,7 +4,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from seer_jax.errors import InputError
@@ -134,15 +134,20 @@ _JIT_REF = jax.jit(lambda *a, tree: ragged_paged_attention(*a, tree_parents=tree
 
 @settings(max_examples=30, deadline=None)
 @given(_ragged_case())
+@example({"seqs": [(1, 1), (0, 0), (2, 2), (0, 1)], "trees": {2: [-1, 0]}, "page_size": 4,
+          "hkv": 1, "group": 1, "extra_seqs": 0, "extra_tokens": 0, "seed": 0})
 def test_property_reference_equals_naive_dense(case):
     # Fixed padded shapes per (page_size, heads) so the jitted reference compiles a few times.
-    seqs = [s for s in case["seqs"] if s[1] > 0] or [(1, 1)]
+    # sequences without keys are dropped; the trees follow their sequences' new places
+    kept = [i for i, s in enumerate(case["seqs"]) if s[1] > 0]
+    seqs = [case["seqs"][i] for i in kept] or [(1, 1)]
+    trees = {j: case["trees"][i] for j, i in enumerate(kept) if i in (case["trees"] or {})}
     ps = case["page_size"]
     need = sum(-(-kv // ps) for _, kv in seqs)
     b = make_batch(seqs, num_q_heads=case["hkv"] * case["group"], num_kv_heads=case["hkv"],
                    head_dim=16, page_size=ps, max_seqs=6, num_tokens=44,
                    pages_per_seq=-(-70 // ps), extra_pages=4 * -(-70 // ps) + 1 - need,
-                   trees=case["trees"] or {0: list(range(-1, seqs[0][0] - 1))},
+                   trees=trees or {0: list(range(-1, seqs[0][0] - 1))},
                    seed=case["seed"])
     out = np.asarray(_JIT_REF(*[jnp.asarray(a) for a in b.args()],
                               tree=jnp.asarray(b.tree_parents)))
