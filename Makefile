@@ -7,7 +7,7 @@ PIP := $(VENV)/bin/pip
 # back end runs at -O0 there: about a quarter less time, same results; the hardware compile
 # tests keep the compilers' defaults.
 CPU_TEST_XLA_FLAGS ?= --xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0
-PYTEST := XLA_FLAGS="$(CPU_TEST_XLA_FLAGS)" $(PY) -m pytest -q -p no:cacheprovider -n 2 --dist loadgroup --max-worker-restart=0
+PYTEST := XLA_FLAGS="$(CPU_TEST_XLA_FLAGS)" $(PY) -m pytest -q -p no:cacheprovider -n 2 --dist loadgroup --max-worker-restart=2
 # compilers for TPU (libtpu) and NVIDIA GPUs (XLA:GPU, Triton, ptxas) in their own environment
 # (about 2 GB), pinned to the jax of the main one: the hardware compile tests run there. Compiling
 # for a GPU without one needs the CUDA plugin and ptxas only, not the CUDA runtime libraries
