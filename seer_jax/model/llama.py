@@ -338,19 +338,21 @@ def forward(
         if cfg.mla is not None:
             attn, cache = latent_attention(h, cache, lp, i, cos, sin, attn_meta)
             return mlp(x + attn, cache, lp, token_mask, kind)
-        q = h @ lp["wq"]
-        k = h @ lp["wk"]
-        v = h @ lp["wv"]
+        # projected straight into [N, heads, head_dim]: a matmul then a reshape has XLA:TPU
+        # copy the [N, heads * head_dim] output into the 3-d tiled layout
+        q = jnp.einsum("nd,dhk->nhk", h, lp["wq"].reshape(-1, H, D))
+        k = jnp.einsum("nd,dhk->nhk", h, lp["wk"].reshape(-1, K, D))
+        v = jnp.einsum("nd,dhk->nhk", h, lp["wv"].reshape(-1, K, D))
         if cfg.qkv_bias:
-            q, k, v = q + lp["bq"], k + lp["bk"], v + lp["bv"]
-        q, k, v = q.reshape(N, H, D), k.reshape(N, K, D), v.reshape(N, K, D)
+            q = q + lp["bq"].reshape(H, D)
+            k, v = k + lp["bk"].reshape(K, D), v + lp["bv"].reshape(K, D)
         if cfg.qk_norm:
             q = rms_norm(q, lp["q_norm"], cfg.rms_norm_eps)
             k = rms_norm(k, lp["k_norm"], cfg.rms_norm_eps)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         attn, cache = attention(cache, attn_meta, i, q, k, v)
-        return mlp(x + attn.reshape(N, H * D).astype(dtype) @ lp["wo"], cache, lp, token_mask,
-                   kind)
+        o = jnp.einsum("nhk,hkd->nd", attn.astype(dtype), lp["wo"].reshape(H, D, -1))
+        return mlp(x + o, cache, lp, token_mask, kind)
 
     def mlp(x, cache, lp, token_mask, kind):
         h = rms_norm(x, lp["mlp_norm"], cfg.rms_norm_eps)

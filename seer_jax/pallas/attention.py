@@ -27,6 +27,7 @@ def ragged_paged_attention(
     pages_per_block: int | None = None,
     num_kv_splits: int | None = None,
     layer: jax.Array | int | None = None,
+    sub_blocks: int | None = None,
 ) -> jax.Array:
     """Ragged paged attention over a paged KV cache -> [num_tokens, num_q_heads, head_dim].
 
@@ -49,7 +50,8 @@ def ragged_paged_attention(
       interpret: run the selected kernel in interpret mode (CPU): "tpu" uses the TPU simulator,
         "gpu" the generic Pallas interpreter.
       max_q_len: static upper bound of any sequence's q_len (reference only; speeds it up).
-      block_q, pages_per_block, num_kv_splits: kernel tiling (None = defaults).
+      block_q, pages_per_block, num_kv_splits, sub_blocks: kernel tiling (None = defaults;
+        sub_blocks: the TPU kernel's sub-blocks of block_q tokens per q block).
       layer: with it, kv_pages is a whole multi-layer cache
         [num_layers, total_pages, page_size, 2 * num_kv_heads, head_dim] and layer (int or traced
         int32 scalar) picks one; the kernels read that layer's pages in place (no per-layer copy
@@ -81,6 +83,7 @@ def ragged_paged_attention(
             q, kv_pages, kv_lens, page_indices, cu_q_lens, num_seqs,
             sm_scale=sm_scale, tree_parents=tree_parents, interpret=interpret,
             block_q=block_q, pages_per_block=pages_per_block, layer=layer,
+            sub_blocks=sub_blocks,
         )
     from seer_jax.pallas.attention_gpu import ragged_paged_attention_gpu
 

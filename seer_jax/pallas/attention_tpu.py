@@ -1,7 +1,10 @@
 """TPU Pallas (Mosaic) ragged paged attention.
 
-Grid (num_q_blocks,). A q block is `block_q` packed tokens; for each KV head its `group` query
-heads are folded into `block_q * group` rows (token-major), so GQA shares every K/V fetch. The
+Grid (num_q_blocks,). A q block is `sub_blocks` sub-blocks of `block_q` packed tokens; for each
+KV head its `group` query heads are folded into rows (token-major), so GQA shares every K/V
+fetch. A sequence's K/V blocks are fetched once per q block, and each sub-block holding rows of
+the sequence multiplies those its rows can see: a prefill chunk's keys are read once per q block,
+and a decode block multiplies each sequence's keys by one sub-block's rows. The
 page table, kv_lens, cu_q_lens and each block's sequence range come in by scalar prefetch (SMEM).
 The cache ([P, S, 2 * Hkv, D] or the whole [L, P, S, 2 * Hkv, D] with a layer index, see
 `kv_layout`) stays in HBM (`pl.ANY`); for each sequence overlapping the block the kernel streams
@@ -37,7 +40,12 @@ from seer_jax.pallas.kernel_parts import (
     visible_kv_end,
 )
 from seer_jax.pallas.kv_layout import pool_5d
-from seer_jax.pallas.limits import tpu_attention_problem, tpu_block_q, tpu_pages_per_block
+from seer_jax.pallas.limits import (
+    tpu_attention_problem,
+    tpu_block_q,
+    tpu_pages_per_block,
+    tpu_q_sub_blocks,
+)
 from seer_jax.pallas.tree import kernel_tree_mask, token_seq_ids
 
 
@@ -72,6 +80,7 @@ def _kernel(
     *,
     sm_scale: float,
     block_q: int,
+    sub_blocks: int,
     page_size: int,
     pages_per_block: int,
     pages_per_seq: int,
@@ -80,21 +89,26 @@ def _kernel(
     b = pl.program_id(0)
     layer = layer_ref[0]
     num_kv_heads = q_ref.shape[0]
+    sub_rows = q_ref.shape[1] // sub_blocks
     kv_blk = pages_per_block * page_size
     m_ref[...] = jnp.full(m_ref.shape, NEG, jnp.float32)
     l_ref[...] = jnp.zeros(l_ref.shape, jnp.float32)
     acc_ref[...] = jnp.zeros(acc_ref.shape, jnp.float32)
-    meta = meta_ref[...]
-    row_seq, row_qpos, row_vis, row_bits = (meta[:, i: i + 1] for i in range(4))
 
     start, wait = page_block_dma(pages_ref, kv_hbm, kv_buf, sems, layer,
                                  pages_per_block=pages_per_block, pages_per_seq=pages_per_seq,
                                  page_size=page_size)
+    first_sub = b * sub_blocks  # the block's first sub-block of `block_q` tokens
 
     def per_seq(seq, carry):
-        kv_end = visible_kv_end(seq, b, block_q, kv_lens_ref, cu_ref)
+        # the keys any row of seq in this block sees: each KV block is fetched once for all of
+        # the block's sub-blocks
+        kv_end = visible_kv_end(seq, b, block_q * sub_blocks, kv_lens_ref, cu_ref)
         n_pages = pl.cdiv(kv_end, page_size)
         n_kb = pl.cdiv(kv_end, kv_blk)
+        # the sub-blocks holding rows of seq
+        sub_lo = jnp.maximum(jax.lax.div(cu_ref[seq], block_q), first_sub) - first_sub
+        sub_hi = jnp.minimum(pl.cdiv(cu_ref[seq + 1], block_q), first_sub + sub_blocks) - first_sub
 
         @pl.when(n_kb > 0)
         def _():
@@ -109,20 +123,38 @@ def _kernel(
 
             wait(seq, kb, slot, n_pages)
             kpos_col, kpos = iota_positions(kb, kv_blk)
-            # [rows, kv_blk], every head
-            mask = key_mask(kpos, kv_end, row_seq == seq, row_vis, row_qpos, row_bits, has_tree)
             buf = kv_buf.at[slot]
-            for h in range(num_kv_heads):
-                k = buf[:, 2 * h, :]  # [kv_blk, D] cache dtype
-                prec = _dot_precision(k.dtype)
-                v = buf[:, 2 * h + 1, :]
-                v = jnp.where(kpos_col < kv_end, v, jnp.zeros_like(v))  # stale / NaN never leak
-                q = (q_ref[h].astype(jnp.float32) * sm_scale).astype(k.dtype)  # MXU dtype
-                s = jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), precision=prec,
-                                        preferred_element_type=jnp.float32)  # [rows, kv_blk]
-                p, alpha, m_ref[h], l_ref[h] = online_softmax_step(s, mask, m_ref[h], l_ref[h])
-                acc_ref[h] = alpha * acc_ref[h] + jnp.dot(
-                    p.astype(v.dtype), v, precision=prec, preferred_element_type=jnp.float32)
+
+            def per_sub(j, c2):
+                # a sub-block multiplies only the KV blocks its own rows can see
+                sub_end = visible_kv_end(seq, first_sub + j, block_q, kv_lens_ref, cu_ref)
+
+                @pl.when(kb * kv_blk < sub_end)
+                def _():
+                    r = pl.ds(pl.multiple_of(j * sub_rows, sub_rows), sub_rows)
+                    meta = meta_ref[r, :]
+                    row_seq, row_qpos, row_vis, row_bits = (meta[:, i: i + 1] for i in range(4))
+                    # [sub_rows, kv_blk], every head
+                    mask = key_mask(kpos, sub_end, row_seq == seq, row_vis, row_qpos, row_bits,
+                                    has_tree)
+                    for h in range(num_kv_heads):
+                        k = buf[:, 2 * h, :]  # [kv_blk, D] cache dtype
+                        prec = _dot_precision(k.dtype)
+                        v = buf[:, 2 * h + 1, :]
+                        # stale / NaN rows never leak
+                        v = jnp.where(kpos_col < kv_end, v, jnp.zeros_like(v))
+                        q = (q_ref[h, r, :].astype(jnp.float32) * sm_scale).astype(k.dtype)
+                        s = jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), precision=prec,
+                                                preferred_element_type=jnp.float32)
+                        p, alpha, m_ref[h, r, :], l_ref[h, r, :] = online_softmax_step(
+                            s, mask, m_ref[h, r, :], l_ref[h, r, :])
+                        acc_ref[h, r, :] = alpha * acc_ref[h, r, :] + jnp.dot(
+                            p.astype(v.dtype), v, precision=prec,
+                            preferred_element_type=jnp.float32)
+
+                return c2
+
+            jax.lax.fori_loop(sub_lo, sub_hi, per_sub, 0)
             return c
 
         jax.lax.fori_loop(0, n_kb, per_kv_block, 0)
@@ -203,11 +235,14 @@ def ragged_paged_attention_tpu(
     block_q: int | None = None,
     pages_per_block: int | None = None,
     layer: jax.Array | int | None = None,
+    sub_blocks: int | None = None,
 ) -> jax.Array:
     """TPU kernel; same contract as `seer_jax.pallas.ragged_paged_attention`.
 
     kv_pages: [P, S, 2 * Hkv, D], or the whole cache [L, P, S, 2 * Hkv, D] with `layer`.
-    interpret=True runs the TPU simulator (`pltpu.InterpretParams()`) on CPU.
+    interpret=True runs the TPU simulator (`pltpu.InterpretParams()`) on CPU. block_q: tokens
+    per sub-block (the rows multiplied together); sub_blocks: sub-blocks per q block (sharing
+    each K/V fetch); both default to `limits`' choices.
     """
     kv5, layer_arr = pool_5d(kv_pages, layer)
     num_tokens, num_q_heads, head_dim = q.shape
@@ -227,14 +262,18 @@ def ragged_paged_attention_tpu(
                                           page_size=page_size, dtype_bytes=dtype_bytes,
                                           pages_per_seq=pages_per_seq, requested=pages_per_block)
     scale = head_dim**-0.5 if sm_scale is None else float(sm_scale)
+    sub_blocks = tpu_q_sub_blocks(num_tokens=num_tokens, block_q=block_q, rows_per_token=group,
+                                  num_kv_heads=num_kv_heads, head_dim=head_dim,
+                                  q_bytes=q.dtype.itemsize, requested=sub_blocks)
+    grid_q = block_q * sub_blocks  # tokens per q block
     q_rows, meta, kv, bad_tok, blk_lo, blk_hi, tp, gp = prepare(
         q, num_kv_heads, page_size, kv_lens, page_indices, cu_q_lens, num_seqs, tree_parents,
-        block_q)
-    rows = block_q * gp
-    num_blocks = tp // block_q
+        grid_q)
+    rows = grid_q * gp
+    num_blocks = tp // grid_q
     kv_blk = pages_per_block * page_size
     kernel = functools.partial(
-        _kernel, sm_scale=scale, block_q=block_q, page_size=page_size,
+        _kernel, sm_scale=scale, block_q=block_q, sub_blocks=sub_blocks, page_size=page_size,
         pages_per_block=pages_per_block, pages_per_seq=pages_per_seq,
         has_tree=tree_parents is not None,
     )
@@ -264,8 +303,8 @@ def ragged_paged_attention_tpu(
             num_tokens=num_tokens, num_q_heads=num_q_heads, num_kv_heads=num_kv_heads,
             head_dim=head_dim, dtype_bytes=dtype_bytes, q_bytes=q.dtype.itemsize,
             max_seqs=max_seqs, pages_per_seq=pages_per_seq, page_size=page_size,
-            total_pages=total_pages, block_q=block_q, kv_block=kv_blk,
-            kernel="seer_ragged_paged_attention_tpu"),
+            total_pages=total_pages, block_q=grid_q, kv_block=kv_blk,
+            compute_block_q=block_q, kernel="seer_ragged_paged_attention_tpu"),
         interpret=pltpu.InterpretParams() if interpret else False,
         name="seer_ragged_paged_attention_tpu",
     )(

@@ -94,13 +94,18 @@ def _kv_reads(*, num_tokens: int, max_seqs: int, pages_per_seq: int, page_size: 
 def attention_cost(*, num_tokens: int, num_q_heads: int, num_kv_heads: int, head_dim: int,
                    dtype_bytes: int, q_bytes: int, max_seqs: int, pages_per_seq: int,
                    page_size: int, total_pages: int, block_q: int, kv_block: int,
-                   kernel: str) -> pl.CostEstimate:
+                   kernel: str, compute_block_q: int | None = None) -> pl.CostEstimate:
     """Ragged paged attention of num_tokens queries over a [P, S, 2 * Hkv, D] pool (the
     pallas_call named `kernel`; q blocks of `block_q` tokens, KV read `kv_block` keys at a
-    time)."""
+    time; the keys multiplied by sub-blocks of `compute_block_q` tokens, default `block_q`)."""
     reads, attended = _kv_reads(num_tokens=num_tokens, max_seqs=max_seqs,
                                 pages_per_seq=pages_per_seq, page_size=page_size,
                                 total_pages=total_pages, block_q=block_q, kv_block=kv_block)
+    if compute_block_q is not None and compute_block_q != block_q:
+        _, attended = _kv_reads(num_tokens=num_tokens, max_seqs=max_seqs,
+                                pages_per_seq=pages_per_seq, page_size=page_size,
+                                total_pages=total_pages, block_q=compute_block_q,
+                                kv_block=kv_block)
     kv_bytes = reads * 2 * num_kv_heads * head_dim * dtype_bytes
     q_out_bytes = 2 * num_tokens * num_q_heads * head_dim * q_bytes
     return _record(pl.CostEstimate(flops=4 * num_q_heads * head_dim * attended,

@@ -20,6 +20,10 @@ TPU_SMEM_PREFETCH_BYTES = 768 * 1024
 TPU_MAX_Q_BLOCK_TOKENS = 32
 TPU_KV_BLOCK_TOKENS = 128  # tokens per K/V block the TPU attention kernel streams
 TPU_KV_BUFFER_BYTES = 4 * 1024 * 1024  # its double-buffered VMEM K/V scratch, at most
+# q blocks of the TPU attention kernel share each K/V fetch among up to this many sub-blocks of
+# `tpu_block_q` tokens, while their q, output and softmax state fit TPU_Q_BLOCK_VMEM_BYTES
+TPU_MAX_Q_SUB_BLOCKS = 4
+TPU_Q_BLOCK_VMEM_BYTES = 8 * 1024 * 1024
 
 
 def pow2(n: int) -> int:
@@ -40,6 +44,24 @@ def tpu_block_q(group: int, requested: int | None = None) -> int:
         return -(-int(requested) // unit) * unit
     target = min(TPU_MAX_Q_BLOCK_TOKENS, max(1, 128 // group))
     return max(unit, target // unit * unit)
+
+
+def tpu_q_sub_blocks(*, num_tokens: int, block_q: int, rows_per_token: int, num_kv_heads: int,
+                     head_dim: int, q_bytes: int, requested: int | None = None) -> int:
+    """Sub-blocks of `block_q` tokens per TPU attention q block. A q block fetches each K/V
+    block of a sequence once for all of its sub-blocks, and a sub-block multiplies only the K/V
+    blocks its own rows see: a prefill chunk reads its keys once per q block instead of once per
+    `block_q` tokens, while a decode block multiplies no more rows per sequence than one
+    sub-block. As many as the tokens fill, at most `TPU_MAX_Q_SUB_BLOCKS`, and no more than the
+    VMEM of q and output (double-buffered), f32 accumulator and the lane-padded running max and
+    denominator allow."""
+    if requested:
+        return max(1, int(requested))
+    lanes = -(-head_dim // 128) * 128
+    per_sub = num_kv_heads * block_q * rows_per_token * (4 * lanes * q_bytes + 4 * lanes
+                                                         + 2 * 4 * 128)
+    fit = max(1, TPU_Q_BLOCK_VMEM_BYTES // per_sub)
+    return max(1, min(TPU_MAX_Q_SUB_BLOCKS, fit, -(-max(num_tokens, 1) // block_q)))
 
 
 def tpu_pages_per_block(*, num_kv_heads: int, head_dim: int, page_size: int, dtype_bytes: int,

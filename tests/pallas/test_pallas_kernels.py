@@ -150,3 +150,31 @@ def test_sharded_write_kv_equals_unsharded():
                                layer=1)
     np.testing.assert_array_equal(np.asarray(layered[1]), np.asarray(want))
     np.testing.assert_array_equal(np.asarray(layered[0]), np.asarray(kv))
+
+
+@pytest.mark.parametrize("sub_blocks", [2, 3])
+@pytest.mark.slow
+def test_tpu_kernel_sub_blocks_share_kv_fetches(sub_blocks):
+    """q blocks of several sub-blocks (each K/V block fetched once for all of them) give the
+    rows exactly what one sub-block per q block gives: a sub-block skips only K/V blocks its
+    rows cannot see. Prefill chunks across sub-block and q block edges, decodes, a tree."""
+    seqs = [(1, 40), (11, 30), (1, 9), (6, 26), (9, 50)]
+    b = make_batch(seqs, num_q_heads=4, num_kv_heads=2, head_dim=64, page_size=16,
+                   max_seqs=len(seqs) + 1, num_tokens=sum(q for q, _ in seqs) + 5,
+                   trees={4: TREE}, seed=5)
+    one = _call(b, "tpu", interpret=True, block_q=4, pages_per_block=1, sub_blocks=1)
+    many = _call(b, "tpu", interpret=True, block_q=4, pages_per_block=1, sub_blocks=sub_blocks)
+    np.testing.assert_array_equal(many, one)
+    np.testing.assert_allclose(many, _call(b, "reference"), atol=2e-5, rtol=0)
+
+
+def test_tpu_q_sub_blocks():
+    from seer_jax.pallas.limits import TPU_MAX_Q_SUB_BLOCKS, tpu_q_sub_blocks
+
+    kw = dict(block_q=16, rows_per_token=8, num_kv_heads=4, head_dim=128, q_bytes=2)
+    assert tpu_q_sub_blocks(num_tokens=8, **kw) == 1  # a decode batch inside one sub-block
+    assert tpu_q_sub_blocks(num_tokens=40, **kw) == 3
+    assert tpu_q_sub_blocks(num_tokens=2048, **kw) == TPU_MAX_Q_SUB_BLOCKS
+    # wide heads and many KV heads: fewer sub-blocks, within the VMEM bound
+    assert tpu_q_sub_blocks(num_tokens=2048, **dict(kw, num_kv_heads=16, head_dim=256)) == 1
+    assert tpu_q_sub_blocks(num_tokens=2048, **kw, requested=2) == 2
