@@ -338,11 +338,18 @@ def forward(
         if cfg.mla is not None:
             attn, cache = latent_attention(h, cache, lp, i, cos, sin, attn_meta)
             return mlp(x + attn, cache, lp, token_mask, kind)
-        # projected straight into [N, heads, head_dim]: a matmul then a reshape has XLA:TPU
-        # copy the [N, heads * head_dim] output into the 3-d tiled layout
-        q = jnp.einsum("nd,dhk->nhk", h, lp["wq"].reshape(-1, H, D))
-        k = jnp.einsum("nd,dhk->nhk", h, lp["wk"].reshape(-1, K, D))
-        v = jnp.einsum("nd,dhk->nhk", h, lp["wv"].reshape(-1, K, D))
+        if N * 4 >= cfg.hidden_size:
+            # projected straight into [N, heads, head_dim]: XLA:TPU then copies the weights
+            # into that tiled layout once, where a matmul and a reshape copy the activations
+            # into it (and again around the norms and rotary embedding), which costs more
+            # from about a quarter of the hidden size in tokens (prefill chunks, not decode)
+            q = jnp.einsum("nd,dhk->nhk", h, lp["wq"].reshape(-1, H, D))
+            k = jnp.einsum("nd,dhk->nhk", h, lp["wk"].reshape(-1, K, D))
+            v = jnp.einsum("nd,dhk->nhk", h, lp["wv"].reshape(-1, K, D))
+        else:
+            q = (h @ lp["wq"]).reshape(N, H, D)
+            k = (h @ lp["wk"]).reshape(N, K, D)
+            v = (h @ lp["wv"]).reshape(N, K, D)
         if cfg.qkv_bias:
             q = q + lp["bq"].reshape(H, D)
             k, v = k + lp["bk"].reshape(K, D), v + lp["bv"].reshape(K, D)
@@ -351,6 +358,7 @@ def forward(
             k = rms_norm(k, lp["k_norm"], cfg.rms_norm_eps)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         attn, cache = attention(cache, attn_meta, i, q, k, v)
+        # from [N, heads, head_dim] with no copy (the weights' row split keeps their tiles)
         o = jnp.einsum("nhk,hkd->nd", attn.astype(dtype), lp["wo"].reshape(H, D, -1))
         return mlp(x + o, cache, lp, token_mask, kind)
 
