@@ -358,9 +358,8 @@ def forward(
             k = rms_norm(k, lp["k_norm"], cfg.rms_norm_eps)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         attn, cache = attention(cache, attn_meta, i, q, k, v)
-        # from [N, heads, head_dim] with no copy (the weights' row split keeps their tiles)
-        o = jnp.einsum("nhk,hkd->nd", attn.astype(dtype), lp["wo"].reshape(H, D, -1))
-        return mlp(x + o, cache, lp, token_mask, kind)
+        return mlp(x + attn.reshape(N, H * D).astype(dtype) @ lp["wo"], cache, lp, token_mask,
+                   kind)
 
     def mlp(x, cache, lp, token_mask, kind):
         h = rms_norm(x, lp["mlp_norm"], cfg.rms_norm_eps)
