@@ -346,13 +346,14 @@ def forward(
             q = jnp.einsum("nd,dhk->nhk", h, lp["wq"].reshape(-1, H, D))
             k = jnp.einsum("nd,dhk->nhk", h, lp["wk"].reshape(-1, K, D))
             v = jnp.einsum("nd,dhk->nhk", h, lp["wv"].reshape(-1, K, D))
+            if cfg.qkv_bias:
+                q = q + lp["bq"].reshape(H, D)
+                k, v = k + lp["bk"].reshape(K, D), v + lp["bv"].reshape(K, D)
         else:
-            q = (h @ lp["wq"]).reshape(N, H, D)
-            k = (h @ lp["wk"]).reshape(N, K, D)
-            v = (h @ lp["wv"]).reshape(N, K, D)
-        if cfg.qkv_bias:
-            q = q + lp["bq"].reshape(H, D)
-            k, v = k + lp["bk"].reshape(K, D), v + lp["bv"].reshape(K, D)
+            q, k, v = h @ lp["wq"], h @ lp["wk"], h @ lp["wv"]
+            if cfg.qkv_bias:
+                q, k, v = q + lp["bq"], k + lp["bk"], v + lp["bv"]
+            q, k, v = q.reshape(N, H, D), k.reshape(N, K, D), v.reshape(N, K, D)
         if cfg.qk_norm:
             q = rms_norm(q, lp["q_norm"], cfg.rms_norm_eps)
             k = rms_norm(k, lp["k_norm"], cfg.rms_norm_eps)
