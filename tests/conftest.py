@@ -71,12 +71,21 @@ def pytest_configure(config):
     worker = getattr(config, "workerinput", None)
     if worker is None:  # the controller, or a run without workers
         if not os.environ.get(_FAULT_DIR):
-            os.environ[_FAULT_DIR] = tempfile.mkdtemp(prefix="seer_test_faults_")
+            os.environ[_FAULT_DIR] = config._seer_fault_dir = tempfile.mkdtemp(
+                prefix="seer_test_faults_")
         return
     if os.environ.get(_FAULT_DIR):
         fault, _ = _worker_files(worker["workerid"])
         config._seer_fault_log = open(fault, "w")  # noqa: SIM115 - open until the process ends
         faulthandler.enable(file=config._seer_fault_log, all_threads=True)
+
+
+def pytest_unconfigure(config):
+    import shutil
+
+    made = getattr(config, "_seer_fault_dir", None)  # the controller's, after its summary
+    if made:
+        shutil.rmtree(made, ignore_errors=True)
 
 
 def pytest_runtest_logstart(nodeid, location):
